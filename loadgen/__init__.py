@@ -1,0 +1,1 @@
+"""KVCompass load generation: workloads, trace replay, simulator and reports."""

@@ -1,0 +1,1 @@
+"""KVCompass services: one sub-package per service, each runnable with ``python -m``."""

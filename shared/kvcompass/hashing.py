@@ -1,0 +1,87 @@
+"""The 64-bit mixing function every KVCompass hash derives from, scalar and vectorised.
+
+Keys are already uniform 63-bit digests, so the index only needs a fast, seedable
+bijection that decorrelates its several uses of one key (shard, bucket pair, Othello
+cells, in-bucket slot, fingerprint). MurmurHash3's 64-bit finaliser is that bijection.
+The scalar form works on Python ints, the array form on ``uint64`` arrays; both return
+bit-identical results, which the maintenance side (scalar) and the lookup view
+(vectorised) depend on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = [
+    "GOLDEN64",
+    "MASK32",
+    "MASK63",
+    "MASK64",
+    "mix64",
+    "mix64_array",
+    "reduce32",
+    "reduce32_array",
+]
+
+MASK32 = (1 << 32) - 1
+MASK63 = (1 << 63) - 1
+MASK64 = (1 << 64) - 1
+#: 2^64 / golden ratio: spreads small integers (seeds, salts) over all 64 bits.
+GOLDEN64 = 0x9E3779B97F4A7C15
+
+_C1 = 0xFF51AFD7ED558CCD
+_C2 = 0xC4CEB9FE1A85EC53
+_U33 = np.uint64(33)
+_UC1 = np.uint64(_C1)
+_UC2 = np.uint64(_C2)
+_U32 = np.uint64(32)
+_UMASK32 = np.uint64(MASK32)
+
+
+def mix64(x: int) -> int:
+    """MurmurHash3 fmix64 of a 64-bit Python int."""
+    x ^= x >> 33
+    x = (x * _C1) & MASK64
+    x ^= x >> 33
+    x = (x * _C2) & MASK64
+    return x ^ (x >> 33)
+
+
+def mix64_array(
+    x: NDArray[np.uint64], out: NDArray[np.uint64] | None = None
+) -> NDArray[np.uint64]:
+    """Vectorised :func:`mix64`; writes into ``out`` (which may be ``x``) when given."""
+    if out is None:
+        out = x.copy()
+    elif out is not x:
+        np.copyto(out, x)
+    tmp = np.right_shift(out, _U33)
+    out ^= tmp
+    out *= _UC1
+    np.right_shift(out, _U33, out=tmp)
+    out ^= tmp
+    out *= _UC2
+    np.right_shift(out, _U33, out=tmp)
+    out ^= tmp
+    return out
+
+
+def reduce32(h32: int, n: int) -> int:
+    """Map a uniform 32-bit value onto ``[0, n)`` without division (Lemire's reduction)."""
+    return (h32 * n) >> 32
+
+
+def reduce32_array(h32: NDArray[np.uint64], n: int) -> NDArray[np.uint64]:
+    """Vectorised :func:`reduce32`; ``h32`` must hold values below 2^32 and n < 2^32."""
+    return (h32 * np.uint64(n)) >> _U32
+
+
+def low32_array(h: NDArray[np.uint64]) -> NDArray[np.uint64]:
+    """The low 32 bits of every element."""
+    return h & _UMASK32
+
+
+def high32_array(h: NDArray[np.uint64]) -> NDArray[np.uint64]:
+    """The high 32 bits of every element."""
+    return h >> _U32

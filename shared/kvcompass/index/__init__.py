@@ -1,0 +1,24 @@
+"""The multi-level Ludo discovery index (paper §3.2): maintenance tables and keyless views.
+
+Nothing here performs I/O. Maintenance tables return absolute-state patches; views apply
+them, and both snapshot to bytes with a verified header.
+"""
+
+from kvcompass.index.errors import GenerationMismatch, SnapshotError, TableFull
+from kvcompass.index.geometry import DEFAULT_LOAD_LIMIT, TableGeometry
+from kvcompass.index.ludo import LudoTable
+from kvcompass.index.patches import BucketImage, OthelloReset, TablePatch
+from kvcompass.index.view import LudoView
+
+__all__ = [
+    "DEFAULT_LOAD_LIMIT",
+    "BucketImage",
+    "GenerationMismatch",
+    "LudoTable",
+    "LudoView",
+    "OthelloReset",
+    "SnapshotError",
+    "TableFull",
+    "TableGeometry",
+    "TablePatch",
+]

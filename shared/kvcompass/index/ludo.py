@@ -1,0 +1,547 @@
+"""The Ludo table, maintenance side: full keys, cuckoo moves, seeds and the locator.
+
+The table keeps its view image (seeds, cells, fingerprints) in one buffer laid out as
+:mod:`kvcompass.index.image` describes, with cells already in view order (a key's
+position inside its bucket is its slot under the bucket's seed), so a patch is a copy of
+the touched buckets and Othello words. Beside the image it keeps the full key of every
+cell and the locator's graph. Writes mark what they touch; :meth:`LudoTable.take_patch`
+turns the marks into absolute-state patches.
+"""
+
+from __future__ import annotations
+
+import random
+from array import array
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kvcompass.index.errors import SnapshotError, TableFull
+from kvcompass.index.geometry import DEFAULT_LOAD_LIMIT, TableGeometry
+from kvcompass.index.image import ImageKind, layout_of, open_image, seal
+from kvcompass.index.othello import OthelloGraph
+from kvcompass.index.patches import BucketImage, OthelloReset, TablePatch
+from kvcompass.index.seeds import find_seed, find_seeds_array
+
+__all__ = ["MAX_CUCKOO_MOVES", "LudoTable"]
+
+#: Longest cuckoo path: at most 4 displaced keys (5 buckets), as in Ludo.
+MAX_CUCKOO_MOVES = 4
+#: Fresh Othello hash seeds to try after a cycle before growing the table instead.
+_OTHELLO_ATTEMPTS = 16
+_EMPTY = -1
+
+
+class LudoTable:
+    """One generation-stamped Ludo table mapping 63-bit keys to nonzero values.
+
+    A value of 0 means "absent": writing 0 removes the key. Every mutating call
+    records what it touched; :meth:`take_patch` returns the patch that brings a view to
+    the same state and clears the record.
+    """
+
+    def __init__(
+        self,
+        geometry: TableGeometry,
+        *,
+        load_limit: float = DEFAULT_LOAD_LIMIT,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._rng = rng or random.Random()
+        self._load_limit = load_limit
+        self._reset_storage(geometry)
+        self._reload_pending = False
+
+    @classmethod
+    def with_capacity(
+        cls,
+        capacity: int,
+        *,
+        value_bits: int = 32,
+        fingerprint_bits: int = 0,
+        load_limit: float = DEFAULT_LOAD_LIMIT,
+        rng: random.Random | None = None,
+    ) -> LudoTable:
+        rng = rng or random.Random()
+        g = TableGeometry.for_capacity(
+            capacity,
+            value_bits=value_bits,
+            fingerprint_bits=fingerprint_bits,
+            load_limit=load_limit,
+            rng=rng,
+        )
+        return cls(g, load_limit=load_limit, rng=rng)
+
+    def _reset_storage(self, g: TableGeometry) -> None:
+        self.geometry = g
+        layout = layout_of(g)
+        self._layout = layout
+        self._buf = bytearray(layout.view_end)
+        mv = memoryview(self._buf)
+        self._seeds = mv[layout.seeds : layout.seeds + g.nb]
+        cell_code = "I" if g.value_bits == 32 else "Q"
+        self._cells = mv[layout.cells : layout.cells + g.n_cells * layout.cell_itemsize].cast(
+            cell_code
+        )
+        if g.fingerprint_bits:
+            fp_code = "H" if layout.fingerprint_itemsize == 2 else "B"
+            fp_bytes = g.n_cells * layout.fingerprint_itemsize
+            self._fps = mv[layout.fingerprints : layout.fingerprints + fp_bytes].cast(fp_code)
+        else:
+            # No fingerprints in the view; a scratch array keeps the write paths uniform.
+            self._fps = memoryview(bytearray(g.n_cells))
+        self._keys = array("q", [_EMPTY]) * g.n_cells
+        self._kid = array("i", [_EMPTY]) * g.n_cells
+        self._fill = bytearray(g.nb)
+        self.count = 0
+        self._othello = OthelloGraph(g.n_nodes, g.n_words, g.capacity)
+        self._dirty: set[int] = set()
+        self._othello_reset = False
+
+    # -- reads -------------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        return self.geometry.capacity
+
+    @property
+    def load(self) -> float:
+        """Occupied share of all cells."""
+        return self.count / self.geometry.n_cells
+
+    def _find(self, key: int, b0: int, b1: int) -> int:
+        keys = self._keys
+        p = b0 << 2
+        if keys[p] == key:
+            return p
+        if keys[p + 1] == key:
+            return p + 1
+        if keys[p + 2] == key:
+            return p + 2
+        if keys[p + 3] == key:
+            return p + 3
+        p = b1 << 2
+        if keys[p] == key:
+            return p
+        if keys[p + 1] == key:
+            return p + 1
+        if keys[p + 2] == key:
+            return p + 2
+        if keys[p + 3] == key:
+            return p + 3
+        return -1
+
+    def get(self, key: int) -> int:
+        """The key's value, 0 when absent."""
+        b0, b1 = self.geometry.buckets(key)
+        pos = self._find(key, b0, b1)
+        return 0 if pos < 0 else self._cells[pos]
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, int) and self.get(key) != 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def items(self) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
+        """All present keys and their values, as arrays."""
+        keys = np.frombuffer(self._keys, dtype=np.int64)
+        occ = np.flatnonzero(keys >= 0)
+        cells = np.frombuffer(self._cells, dtype=self._cell_dtype)
+        return keys[occ].astype(np.uint64), cells[occ].astype(np.uint64)
+
+    @property
+    def _cell_dtype(self) -> np.dtype[np.unsignedinteger[Any]]:
+        return np.dtype(np.uint32 if self.geometry.value_bits == 32 else np.uint64)
+
+    # -- writes ------------------------------------------------------------------
+
+    def put(self, key: int, value: int) -> TablePatch:
+        """Set a key's value (0 removes it) and return the patch for the views."""
+        self._put(key, value)
+        return self.take_patch()
+
+    def put_many(self, keys: Iterable[int], values: Iterable[int]) -> TablePatch:
+        """Apply many writes and return one coalesced patch."""
+        put = self._put
+        for key, value in zip(keys, values, strict=True):
+            put(key, value)
+        return self.take_patch()
+
+    def remove(self, key: int) -> TablePatch:
+        return self.put(key, 0)
+
+    def _put(self, key: int, value: int) -> None:
+        if not 0 <= key < 1 << 63:
+            raise ValueError(f"key must be a 63-bit non-negative int, got {key}")
+        if not 0 <= value <= self.geometry.value_mask:
+            raise ValueError(f"value {value} does not fit {self.geometry.value_bits} bits")
+        b0, b1 = self.geometry.buckets(key)
+        pos = self._find(key, b0, b1)
+        if pos >= 0:
+            if value:
+                self._cells[pos] = value
+                self._dirty.add(pos >> 2)
+            else:
+                self._delete(pos)
+        elif value:
+            self._insert(key, value, b0, b1)
+
+    def _delete(self, pos: int) -> None:
+        self._othello.remove_edge(self._kid[pos])
+        self._clear(pos)
+        self.count -= 1
+
+    def _clear(self, pos: int) -> None:
+        self._keys[pos] = _EMPTY
+        self._kid[pos] = _EMPTY
+        self._cells[pos] = 0
+        self._fps[pos] = 0
+        self._fill[pos >> 2] -= 1
+        self._dirty.add(pos >> 2)
+
+    def _insert(self, key: int, value: int, b0: int, b1: int) -> None:
+        if self.count >= self.capacity:
+            self._grow()
+            b0, b1 = self.geometry.buckets(key)
+        g = self.geometry
+        a, b = g.nodes(key)
+        # Cycle test before any move: moves only toggle bits, never change edges.
+        tree = self._othello.smaller_side(a, b)
+        toggle = tree is not None
+        fill = self._fill
+        if fill[b0] < 4:
+            root = b0
+        elif fill[b1] < 4:
+            root = b1
+        else:
+            try:
+                root = self._displace(b0, b1, toggle)
+            except TableFull:
+                self._grow()
+                self._put(key, value)
+                return
+        pos = self._place(root, key, value, g.fingerprint(key))
+        self.count += 1
+        bit = 0 if root == b0 else 1
+        if tree is None:
+            self._rebuild_othello()
+        else:
+            self._kid[pos] = self._othello.add_edge(a, b, bit, tree)
+
+    def _place(self, bucket: int, key: int, value: int, fp: int, kid: int = _EMPTY) -> int:
+        """Put a key into a bucket with a free cell, re-seeding it if needed."""
+        g = self.geometry
+        keys = self._keys
+        base = bucket << 2
+        self._fill[bucket] += 1
+        self._dirty.add(bucket)
+        pos = base + g.slot(key, self._seeds[bucket])
+        if keys[pos] == _EMPTY:
+            keys[pos] = key
+            self._cells[pos] = value
+            self._fps[pos] = fp
+            self._kid[pos] = kid
+            return pos
+        entries = [
+            (keys[q], self._cells[q], self._fps[q], self._kid[q])
+            for q in range(base, base + 4)
+            if keys[q] != _EMPTY
+        ]
+        entries.append((key, value, fp, kid))
+        seed, slots = find_seed(g, [e[0] for e in entries])
+        for q in range(base, base + 4):
+            keys[q] = _EMPTY
+            self._cells[q] = 0
+            self._fps[q] = 0
+            self._kid[q] = _EMPTY
+        for (k, v, f, i), s in zip(entries, slots, strict=True):
+            keys[base + s] = k
+            self._cells[base + s] = v
+            self._fps[base + s] = f
+            self._kid[base + s] = i
+        self._seeds[bucket] = seed
+        return base + slots[-1]
+
+    def _displace(self, b0: int, b1: int, toggle: bool) -> int:
+        """Free a cell in b0 or b1 by a breadth-first cuckoo path; return that bucket."""
+        g = self.geometry
+        keys, fill = self._keys, self._fill
+        # Each entry: (bucket, parent entry, position in the parent of the key moving here)
+        entries: list[tuple[int, int, int]] = [(b0, -1, -1)]
+        depth = [1]
+        if b1 != b0:
+            entries.append((b1, -1, -1))
+            depth.append(1)
+        seen = {b0, b1}
+        i = 0
+        found = -1
+        while i < len(entries):
+            bucket = entries[i][0]
+            if fill[bucket] < 4:
+                found = i
+                break
+            if depth[i] <= MAX_CUCKOO_MOVES:
+                base = bucket << 2
+                for q in range(base, base + 4):
+                    c0, c1 = g.buckets(keys[q])
+                    alt = c1 if c0 == bucket else c0
+                    if alt not in seen:
+                        seen.add(alt)
+                        entries.append((alt, i, q))
+                        depth.append(depth[i] + 1)
+            i += 1
+        if found < 0:
+            raise TableFull("no cuckoo path frees a cell")
+        # Move keys backwards from the free end, so every key lands before its old
+        # cell is reused.
+        e = found
+        while entries[e][1] >= 0:
+            bucket, parent, q = entries[e]
+            key, value, fp, kid = keys[q], self._cells[q], self._fps[q], self._kid[q]
+            self._clear(q)
+            self._place(bucket, key, value, fp, kid)
+            if toggle:
+                self._othello.toggle(kid)
+            e = parent
+        return entries[e][0]
+
+    # -- rebuilds ------------------------------------------------------------------
+
+    def _rebuild_othello(self) -> None:
+        """Rebuild the locator with fresh hash seeds until its graph is a forest."""
+        keys = np.frombuffer(self._keys, dtype=np.int64)
+        occ = np.flatnonzero(keys >= 0)
+        k = keys[occ].astype(np.uint64)
+        b0, _ = self.geometry.buckets_array(k)
+        bits = ((occ >> 2).astype(np.uint64) != b0).astype(np.uint8)
+        for _ in range(_OTHELLO_ATTEMPTS):
+            g = self.geometry.with_othello_seed(self._rng.getrandbits(64))
+            ia, ib = g.nodes_array(k)
+            kids = self._othello.rebuild(ia.astype(np.int64), ib.astype(np.int64), bits)
+            if kids is not None:
+                self.geometry = g
+                kid = np.full(g.n_cells, _EMPTY, dtype=np.int32)
+                kid[occ] = kids
+                self._kid = array("i", kid.tobytes())
+                self._othello_reset = True
+                return
+        self._grow()
+
+    def _grow(self) -> None:
+        """Rebuild into a new generation with twice the capacity (views must reload)."""
+        keys, values = self.items()
+        g = self.geometry
+        new = TableGeometry.for_capacity(
+            2 * g.capacity,
+            value_bits=g.value_bits,
+            fingerprint_bits=g.fingerprint_bits,
+            load_limit=self._load_limit,
+            generation=g.generation + 1,
+            rng=self._rng,
+        )
+        self._bulk_load(new, keys, values)
+
+    def _bulk_load(self, g: TableGeometry, keys: NDArray[np.uint64], values: NDArray[np.uint64]) -> None:
+        """Replace the whole table by ``keys``/``values`` laid out in geometry ``g``."""
+        self._reset_storage(g)
+        self._reload_pending = True
+        if len(keys) == 0:
+            return
+        placed, bucket = _greedy_placement(g, keys)
+        self._write_buckets(g, keys[placed], values[placed], bucket[placed])
+        self._rebuild_othello()
+        for key, value in zip(
+            keys[~placed].tolist(), values[~placed].tolist(), strict=True
+        ):
+            self._put(key, value)
+        self._dirty.clear()
+        self._othello.dirty_words.clear()
+        self._othello_reset = False
+
+    def _write_buckets(
+        self,
+        g: TableGeometry,
+        keys: NDArray[np.uint64],
+        values: NDArray[np.uint64],
+        bucket: NDArray[np.int64],
+    ) -> None:
+        order = np.argsort(bucket, kind="stable")
+        keys, values, bucket = keys[order], values[order], bucket[order]
+        starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
+        rank = np.arange(len(bucket)) - np.repeat(starts, np.diff(np.r_[starts, len(bucket)]))
+        mat = np.zeros((g.nb, 4), dtype=np.uint64)
+        occ = np.zeros((g.nb, 4), dtype=bool)
+        mat[bucket, rank] = keys
+        occ[bucket, rank] = True
+        seeds, cells = find_seeds_array(g, mat, occ)
+        pos = bucket * 4 + cells[bucket, rank].astype(np.int64)
+        layout = self._layout
+        np.frombuffer(self._buf, np.uint8, g.nb, layout.seeds)[:] = seeds
+        np.frombuffer(self._buf, self._cell_dtype, g.n_cells, layout.cells)[pos] = values
+        if g.fingerprint_bits:
+            fp_dtype = np.uint8 if layout.fingerprint_itemsize == 1 else np.uint16
+            fps = np.frombuffer(self._buf, fp_dtype, g.n_cells, layout.fingerprints)
+            fps[pos] = g.fingerprints_array(keys)
+        key_arr = np.full(g.n_cells, _EMPTY, dtype=np.int64)
+        key_arr[pos] = keys.astype(np.int64)
+        self._keys = array("q", key_arr.tobytes())
+        self._fill = bytearray(np.bincount(bucket, minlength=g.nb).astype(np.uint8).tobytes())
+        self.count = len(keys)
+
+    @classmethod
+    def build(
+        cls,
+        keys: NDArray[np.uint64],
+        values: NDArray[np.uint64],
+        *,
+        capacity: int | None = None,
+        value_bits: int = 32,
+        fingerprint_bits: int = 0,
+        load_limit: float = DEFAULT_LOAD_LIMIT,
+        rng: random.Random | None = None,
+    ) -> LudoTable:
+        """Bulk-build a table from distinct keys and nonzero values (vectorised)."""
+        keys = np.asarray(keys, dtype=np.uint64)
+        values = np.asarray(values, dtype=np.uint64)
+        if len(np.unique(keys)) != len(keys):
+            raise ValueError("bulk build needs distinct keys")
+        if np.any(values == 0):
+            raise ValueError("bulk build needs nonzero values (0 means absent)")
+        table = cls.with_capacity(
+            max(capacity or 0, len(keys)),
+            value_bits=value_bits,
+            fingerprint_bits=fingerprint_bits,
+            load_limit=load_limit,
+            rng=rng,
+        )
+        table._bulk_load(table.geometry, keys, values)
+        table._reload_pending = False
+        return table
+
+    # -- patches -------------------------------------------------------------------
+
+    def _bucket_image(self, b: int) -> BucketImage:
+        p = b << 2
+        cells = self._cells
+        fps = self._fps if self.geometry.fingerprint_bits else None
+        return BucketImage(
+            b,
+            self._seeds[b],
+            (cells[p], cells[p + 1], cells[p + 2], cells[p + 3]),
+            (0, 0, 0, 0) if fps is None else (fps[p], fps[p + 1], fps[p + 2], fps[p + 3]),
+        )
+
+    def take_patch(self) -> TablePatch:
+        """The absolute-state patch for everything written since the last call."""
+        g = self.geometry
+        othello = self._othello
+        if self._reload_pending:
+            self._reload_pending = False
+            self._othello_reset = False
+            self._dirty.clear()
+            othello.dirty_words.clear()
+            return TablePatch(g.generation, reload=self.view_image())
+        reset = None
+        words: tuple[tuple[int, int], ...] = ()
+        if self._othello_reset:
+            reset = OthelloReset(g.othello_seed, othello.words.tobytes())
+            self._othello_reset = False
+        elif othello.dirty_words:
+            w = othello.words
+            words = tuple((i, w[i]) for i in othello.dirty_words)
+        othello.dirty_words.clear()
+        image = self._bucket_image
+        buckets = tuple(image(b) for b in self._dirty)
+        self._dirty.clear()
+        return TablePatch(g.generation, buckets, words, reset)
+
+    # -- images and snapshots ---------------------------------------------------------
+
+    def _sync_words(self) -> None:
+        layout = self._layout
+        words = np.frombuffer(self._buf, np.uint64, self.geometry.n_words, layout.words)
+        words[:] = np.frombuffer(self._othello.words, dtype=np.uint64)
+
+    def view_image(self) -> bytes:
+        """The keyless view of this table, as a sealed image."""
+        self._sync_words()
+        return seal(self._buf, ImageKind.VIEW, self.geometry, self.count, self._layout.view_end)
+
+    def snapshot(self) -> bytes:
+        """Everything needed to restore this table: view image plus full keys."""
+        self._sync_words()
+        buf = bytearray(self._buf)
+        buf.extend(self._keys.tobytes())
+        layout = self._layout
+        return seal(buf, ImageKind.MAINTENANCE, self.geometry, self.count, layout.maintenance_end)
+
+    @classmethod
+    def restore(
+        cls,
+        data: bytes | bytearray | memoryview,
+        *,
+        load_limit: float = DEFAULT_LOAD_LIMIT,
+        rng: random.Random | None = None,
+    ) -> LudoTable:
+        """Rebuild a table from :meth:`snapshot` bytes; refuse corrupt or foreign data."""
+        header = open_image(data, ImageKind.MAINTENANCE)
+        g = header.geometry
+        table = cls(g, load_limit=load_limit, rng=rng)
+        layout = table._layout
+        table._buf[:] = bytes(memoryview(data)[: layout.view_end])
+        keys = np.frombuffer(data, np.int64, g.n_cells, layout.keys)
+        occ = np.flatnonzero(keys >= 0)
+        if len(occ) != header.count:
+            raise SnapshotError(f"snapshot holds {len(occ)} keys but its header says {header.count}")
+        table._keys = array("q", keys.tobytes())
+        table._fill = bytearray(
+            np.bincount(occ >> 2, minlength=g.nb).astype(np.uint8).tobytes()
+        )
+        table.count = len(occ)
+        k = keys[occ].astype(np.uint64)
+        b0, b1 = g.buckets_array(k)
+        bucket = (occ >> 2).astype(np.uint64)
+        if np.any((bucket != b0) & (bucket != b1)):
+            raise SnapshotError("snapshot places a key outside its candidate buckets")
+        ia, ib = g.nodes_array(k)
+        kids = table._othello.rebuild(
+            ia.astype(np.int64), ib.astype(np.int64), (bucket != b0).astype(np.uint8)
+        )
+        if kids is None:
+            raise SnapshotError("snapshot locator graph has a cycle")
+        # Bits of a forest are unique only up to one flip per tree: keep the stored ones
+        # so the restored table stays byte-identical to the views built from it, after
+        # checking that they classify every key right.
+        stored = np.frombuffer(data, np.uint64, g.n_words, layout.words)
+        bits_of = np.unpackbits(stored.view(np.uint8), bitorder="little")
+        if np.any((bits_of[ia] ^ bits_of[ib]) != (bucket != b0)):
+            raise SnapshotError("snapshot locator bits do not match its keys")
+        table._othello.words = array("Q", stored.tobytes())
+        kid = np.full(g.n_cells, _EMPTY, dtype=np.int32)
+        kid[occ] = kids
+        table._kid = array("i", kid.tobytes())
+        return table
+
+
+def _greedy_placement(
+    g: TableGeometry, keys: NDArray[np.uint64]
+) -> tuple[NDArray[np.bool_], NDArray[np.int64]]:
+    """Place keys in their first, then second, candidate bucket while room lasts."""
+    b0, b1 = g.buckets_array(keys)
+    bucket = np.full(len(keys), -1, dtype=np.int64)
+    fill = np.zeros(g.nb, dtype=np.int64)
+    for cand in (b0.astype(np.int64), b1.astype(np.int64)):
+        todo = np.flatnonzero(bucket < 0)
+        c = cand[todo]
+        order = np.argsort(c, kind="stable")
+        cs = c[order]
+        starts = np.flatnonzero(np.r_[True, cs[1:] != cs[:-1]])
+        rank = np.arange(len(cs)) - np.repeat(starts, np.diff(np.r_[starts, len(cs)]))
+        ok = rank + fill[cs] < 4
+        chosen = todo[order[ok]]
+        bucket[chosen] = cand[chosen]
+        fill += np.bincount(cs[ok], minlength=g.nb)
+    return bucket >= 0, bucket

@@ -1,0 +1,248 @@
+"""The keyless Ludo lookup view: numpy arrays over one flat buffer, built from patches.
+
+A lookup is an Othello bit (two cells) choosing one of the key's two buckets, the
+bucket's seed choosing one of its four cells, and that cell's value. No key is stored
+or compared: a key that was never inserted gets some cell's value (a false hit) unless
+the table carries fingerprint bits, which then turn most such answers into 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kvcompass.hashing import GOLDEN64, MASK32, MASK64
+from kvcompass.index.errors import GenerationMismatch, SnapshotError
+from kvcompass.index.geometry import TableGeometry
+from kvcompass.index.image import HEADER_SIZE, ImageHeader, ImageKind, layout_of, open_image, seal
+from kvcompass.index.patches import TablePatch
+
+__all__ = ["LudoView"]
+
+_CHUNK = 1 << 15  # keys per vectorised pass: arrays stay in L2, temporaries are reused
+_U32 = np.uint64(32)
+_U33 = np.uint64(33)
+_U6 = np.uint64(6)
+_U63 = np.uint64(63)
+_U1 = np.uint64(1)
+_UMASK32 = np.uint64(MASK32)
+_C1 = np.uint64(0xFF51AFD7ED558CCD)
+_C2 = np.uint64(0xC4CEB9FE1A85EC53)
+
+
+class LudoView:
+    """A replica of one table's view state; mutate it only through :meth:`apply`."""
+
+    def __init__(self, image: bytes | bytearray | memoryview) -> None:
+        """Load a sealed view image (a snapshot or a reload patch), verifying it."""
+        header = open_image(image, ImageKind.VIEW)
+        self._buf = bytearray(image)
+        self._bind(header.geometry)
+        self.count_hint = header.count
+
+    @classmethod
+    def empty(cls, geometry: TableGeometry) -> LudoView:
+        """A view of an empty table of the given geometry."""
+        layout = layout_of(geometry)
+        return cls(seal(bytearray(layout.view_end), ImageKind.VIEW, geometry, 0, layout.view_end))
+
+    def _bind(self, g: TableGeometry) -> None:
+        self.geometry = g
+        layout = layout_of(g)
+        buf = self._buf
+        self._seeds = np.frombuffer(buf, np.uint8, g.nb, layout.seeds)
+        cell_dtype = np.uint32 if g.value_bits == 32 else np.uint64
+        self._cells: NDArray[Any] = np.frombuffer(buf, cell_dtype, g.n_cells, layout.cells)
+        self._fps: NDArray[Any] | None = None
+        if g.fingerprint_bits:
+            fp_dtype = np.uint8 if layout.fingerprint_itemsize == 1 else np.uint16
+            self._fps = np.frombuffer(buf, fp_dtype, g.n_cells, layout.fingerprints)
+        self._words = np.frombuffer(buf, np.uint64, g.n_words, layout.words)
+        self._layout = layout
+        # Scalar path: memoryviews index into Python ints several times faster than numpy.
+        mv = memoryview(buf)
+        self._mv_seeds = mv[layout.seeds : layout.seeds + g.nb]
+        size = layout.cell_itemsize
+        self._mv_cells = mv[layout.cells : layout.cells + g.n_cells * size].cast(
+            "I" if size == 4 else "Q"
+        )
+        self._mv_words = mv[layout.words : layout.words + 8 * g.n_words].cast("Q")
+        self._mv_fps = None
+        if self._fps is not None:
+            fsize = layout.fingerprint_itemsize
+            self._mv_fps = mv[layout.fingerprints : layout.fingerprints + g.n_cells * fsize].cast(
+                "B" if fsize == 1 else "H"
+            )
+        self._scalar = (
+            g.bucket_seed,
+            g.othello_seed,
+            g.slot_seed,
+            g.nb,
+            g.ma,
+            g.mb,
+            g.fingerprint_seed,
+            64 - g.fingerprint_bits,
+        )
+
+    # -- facts ---------------------------------------------------------------------
+
+    @property
+    def generation(self) -> int:
+        return self.geometry.generation
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of lookup state: seeds, cells, fingerprints and Othello bits."""
+        g = self.geometry
+        layout = self._layout
+        return g.nb + g.n_cells * (layout.cell_itemsize + layout.fingerprint_itemsize) + (
+            (g.n_nodes + 7) // 8
+        )
+
+    def image(self, count: int = 0) -> bytes:
+        """This view as a sealed image (a snapshot an edge can bootstrap from)."""
+        return seal(self._buf, ImageKind.VIEW, self.geometry, count, self._layout.view_end)
+
+    # -- patches -------------------------------------------------------------------
+
+    def apply(self, patch: TablePatch) -> None:
+        """Apply one patch; applying it again changes nothing."""
+        if patch.reload is not None:
+            header = open_image(patch.reload, ImageKind.VIEW)
+            if header.geometry.generation < self.geometry.generation:
+                raise GenerationMismatch(
+                    f"reload of generation {header.geometry.generation} is older than "
+                    f"the view's {self.geometry.generation}"
+                )
+            self._buf = bytearray(patch.reload)
+            self._bind(header.geometry)
+            return
+        if patch.generation != self.geometry.generation:
+            raise GenerationMismatch(
+                f"patch for generation {patch.generation}, view holds "
+                f"{self.geometry.generation}: reload from a snapshot"
+            )
+        if patch.othello_reset is not None:
+            reset = patch.othello_reset
+            if len(reset.words) != 8 * self.geometry.n_words:
+                raise SnapshotError("Othello reset has the wrong number of words")
+            self._words[:] = np.frombuffer(reset.words, dtype=np.uint64)
+            g = self.geometry.with_othello_seed(reset.othello_seed)
+            self._buf[:HEADER_SIZE] = ImageHeader(ImageKind.VIEW, g, 0, 0, 0).pack()
+            self._bind(g)
+        words = self._mv_words
+        for i, w in patch.words:
+            words[i] = w
+        seeds, cells, fps = self._mv_seeds, self._mv_cells, self._mv_fps
+        for b in patch.buckets:
+            seeds[b.bucket] = b.seed
+            p = b.bucket << 2
+            c = b.cells
+            cells[p], cells[p + 1], cells[p + 2], cells[p + 3] = c
+            if fps is not None:
+                f = b.fingerprints
+                fps[p], fps[p + 1], fps[p + 2], fps[p + 3] = f
+
+    # -- lookups -------------------------------------------------------------------
+
+    def lookup(self, key: int) -> int:
+        """The value stored for ``key`` (0: no holder, or a fingerprint mismatch)."""
+        bseed, oseed, sseed, nb, ma, mb, fseed, fshift = self._scalar
+        x = key ^ bseed
+        x ^= x >> 33
+        x = (x * 0xFF51AFD7ED558CCD) & MASK64
+        x ^= x >> 33
+        x = (x * 0xC4CEB9FE1A85EC53) & MASK64
+        hb = x ^ (x >> 33)
+        x = key ^ oseed
+        x ^= x >> 33
+        x = (x * 0xFF51AFD7ED558CCD) & MASK64
+        x ^= x >> 33
+        x = (x * 0xC4CEB9FE1A85EC53) & MASK64
+        x ^= x >> 33
+        ia = ((x & MASK32) * ma) >> 32
+        ib = ma + (((x >> 32) * mb) >> 32)
+        words = self._mv_words
+        if ((words[ia >> 6] >> (ia & 63)) ^ (words[ib >> 6] >> (ib & 63))) & 1:
+            b = ((hb >> 32) * nb) >> 32
+        else:
+            b = ((hb & MASK32) * nb) >> 32
+        seed = self._mv_seeds[b]
+        x = key ^ sseed ^ (((seed >> 5) * GOLDEN64) & MASK64)
+        x ^= x >> 33
+        x = (x * 0xFF51AFD7ED558CCD) & MASK64
+        x ^= x >> 33
+        x = (x * 0xC4CEB9FE1A85EC53) & MASK64
+        x ^= x >> 33
+        pos = (b << 2) | ((x >> ((seed & 31) << 1)) & 3)
+        value: int = self._mv_cells[pos]
+        fps = self._mv_fps
+        if fps is not None and value:
+            x = key ^ fseed
+            x ^= x >> 33
+            x = (x * 0xFF51AFD7ED558CCD) & MASK64
+            x ^= x >> 33
+            x = (x * 0xC4CEB9FE1A85EC53) & MASK64
+            x ^= x >> 33
+            if fps[pos] != x >> fshift:
+                return 0
+        return value
+
+    def lookup_batch(self, keys: NDArray[np.uint64]) -> NDArray[Any]:
+        """Values for many keys at once (vectorised, processed in cache-sized chunks)."""
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        out = np.empty(len(keys), dtype=self._cells.dtype)
+        for start in range(0, len(keys), _CHUNK):
+            chunk = keys[start : start + _CHUNK]
+            out[start : start + len(chunk)] = self._lookup_chunk(chunk)
+        return out
+
+    def _lookup_chunk(self, keys: NDArray[np.uint64]) -> NDArray[Any]:
+        g = self.geometry
+        tmp = np.empty_like(keys)
+        hb = keys ^ np.uint64(g.bucket_seed)
+        _mix_inplace(hb, tmp)
+        x = keys ^ np.uint64(g.othello_seed)
+        _mix_inplace(x, tmp)
+        # Othello cells: ia from the low half, ib from the high half.
+        ia = x & _UMASK32
+        ia *= np.uint64(g.ma)
+        ia >>= _U32
+        ib = x >> _U32
+        ib *= np.uint64(g.mb)
+        ib >>= _U32
+        ib += np.uint64(g.ma)
+        words = self._words
+        bit = words[ia >> _U6] >> (ia & _U63)
+        bit ^= words[ib >> _U6] >> (ib & _U63)
+        bit &= _U1
+        # Bucket: low half of hb (choice 0) or high half (choice 1), reduced to nb.
+        b = np.where(bit.astype(bool), hb >> _U32, hb & _UMASK32)
+        b *= np.uint64(g.nb)
+        b >>= _U32
+        seeds = self._seeds[b].astype(np.uint64)
+        x = keys ^ np.uint64(g.slot_seed)
+        x ^= (seeds >> np.uint64(5)) * np.uint64(GOLDEN64)
+        _mix_inplace(x, tmp)
+        x >>= (seeds & np.uint64(31)) << _U1
+        x &= np.uint64(3)
+        b <<= np.uint64(2)
+        b |= x
+        values = self._cells[b]
+        if self._fps is not None:
+            fp = g.fingerprints_array(keys)
+            values[self._fps[b] != fp] = 0
+        return values
+
+
+def _mix_inplace(x: NDArray[np.uint64], tmp: NDArray[np.uint64]) -> None:
+    np.right_shift(x, _U33, out=tmp)
+    x ^= tmp
+    x *= _C1
+    np.right_shift(x, _U33, out=tmp)
+    x ^= tmp
+    x *= _C2
+    np.right_shift(x, _U33, out=tmp)
+    x ^= tmp
