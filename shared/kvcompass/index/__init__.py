@@ -7,12 +7,12 @@ them, and both snapshot to bytes with a verified header.
 from kvcompass.index.errors import GenerationMismatch, SnapshotError, TableFull
 from kvcompass.index.geometry import DEFAULT_LOAD_LIMIT, TableGeometry
 from kvcompass.index.ludo import LudoTable
-from kvcompass.index.patches import BucketImage, OthelloReset, TablePatch
+from kvcompass.index.patches import BucketImages, OthelloReset, TablePatch, WordImages
 from kvcompass.index.view import LudoView
 
 __all__ = [
     "DEFAULT_LOAD_LIMIT",
-    "BucketImage",
+    "BucketImages",
     "GenerationMismatch",
     "LudoTable",
     "LudoView",
@@ -21,4 +21,5 @@ __all__ = [
     "TableFull",
     "TableGeometry",
     "TablePatch",
+    "WordImages",
 ]

@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from kvcompass.hashing import MASK32, MASK64
 from kvcompass.index.errors import SnapshotError, TableFull
 from kvcompass.index.geometry import DEFAULT_LOAD_LIMIT, TableGeometry
 from kvcompass.index.image import ImageKind, layout_of, open_image, seal
 from kvcompass.index.othello import OthelloGraph
-from kvcompass.index.patches import BucketImage, OthelloReset, TablePatch
+from kvcompass.index.patches import BucketImages, OthelloReset, TablePatch, WordImages
 from kvcompass.index.seeds import find_seed, find_seeds_array
 
 __all__ = ["MAX_CUCKOO_MOVES", "LudoTable"]
@@ -94,7 +95,11 @@ class LudoTable:
             self._fps = memoryview(bytearray(g.n_cells))
         self._keys = array("q", [_EMPTY]) * g.n_cells
         self._kid = array("i", [_EMPTY]) * g.n_cells
+        # Each key's other candidate bucket: cuckoo searches then need no hashing.
+        self._alt = array("i", [_EMPTY]) * g.n_cells
         self._fill = bytearray(g.nb)
+        self._bseed = g.bucket_seed
+        self._nb = g.nb
         self.count = 0
         self._othello = OthelloGraph(g.n_nodes, g.n_words, g.capacity)
         self._dirty: set[int] = set()
@@ -163,12 +168,59 @@ class LudoTable:
         self._put(key, value)
         return self.take_patch()
 
-    def put_many(self, keys: Iterable[int], values: Iterable[int]) -> TablePatch:
-        """Apply many writes and return one coalesced patch."""
+    def put_many(
+        self, keys: Iterable[int] | NDArray[np.uint64], values: Iterable[int] | NDArray[np.uint64]
+    ) -> TablePatch:
+        """Apply many writes and return one coalesced patch.
+
+        Only the last write of each key matters for the final state, so the batch is
+        reduced to that; value changes of present keys are then applied vectorised, and
+        removals and inserts (which may move keys) one by one.
+        """
+        k = np.asarray(keys if isinstance(keys, np.ndarray) else list(keys), dtype=np.uint64)
+        v = np.asarray(
+            values if isinstance(values, np.ndarray) else list(values), dtype=np.uint64
+        )
+        if k.shape != v.shape or k.ndim != 1:
+            raise ValueError(f"keys and values must be equal-length vectors: {k.shape} {v.shape}")
+        if len(k) and int(k.max()) >= 1 << 63:
+            raise ValueError("keys must be 63-bit non-negative ints")
+        if len(v) and int(v.max()) > self.geometry.value_mask:
+            raise ValueError(f"a value does not fit {self.geometry.value_bits} bits")
+        _, first_of_reversed = np.unique(k[::-1], return_index=True)
+        last = len(k) - 1 - first_of_reversed
+        k, v = k[last], v[last]
+        pos = self._positions(k)
+        present = pos >= 0
+        change = present & (v != 0)
+        if change.any():
+            p = pos[change]
+            _, cells, _ = self._arrays()
+            cells[p] = v[change]
+            self._dirty.update((p >> 2).tolist())
+        for p in pos[present & (v == 0)].tolist():
+            self._delete(p)
+        insert = ~present & (v != 0)
         put = self._put
-        for key, value in zip(keys, values, strict=True):
+        for key, value in zip(k[insert].tolist(), v[insert].tolist(), strict=True):
             put(key, value)
         return self.take_patch()
+
+    def _positions(self, keys: NDArray[np.uint64]) -> NDArray[np.int64]:
+        """Cell of every key, -1 for absent keys (vectorised)."""
+        b0, b1 = self.geometry.buckets_array(keys)
+        b0 = b0.astype(np.int64)
+        b1 = b1.astype(np.int64)
+        stored = np.frombuffer(self._keys, dtype=np.int64).reshape(-1, 4)
+        want = keys.astype(np.int64)[:, None]
+        hit0 = stored[b0] == want
+        hit1 = stored[b1] == want
+        pos = np.full(len(keys), -1, dtype=np.int64)
+        in0 = hit0.any(axis=1)
+        in1 = hit1.any(axis=1) & ~in0
+        pos[in0] = b0[in0] * 4 + hit0[in0].argmax(axis=1)
+        pos[in1] = b1[in1] * 4 + hit1[in1].argmax(axis=1)
+        return pos
 
     def remove(self, key: int) -> TablePatch:
         return self.put(key, 0)
@@ -178,7 +230,15 @@ class LudoTable:
             raise ValueError(f"key must be a 63-bit non-negative int, got {key}")
         if not 0 <= value <= self.geometry.value_mask:
             raise ValueError(f"value {value} does not fit {self.geometry.value_bits} bits")
-        b0, b1 = self.geometry.buckets(key)
+        x = key ^ self._bseed  # inlined mix64: this is the hot path of every write
+        x ^= x >> 33
+        x = (x * 0xFF51AFD7ED558CCD) & MASK64
+        x ^= x >> 33
+        x = (x * 0xC4CEB9FE1A85EC53) & MASK64
+        x ^= x >> 33
+        nb = self._nb
+        b0 = ((x & MASK32) * nb) >> 32
+        b1 = ((x >> 32) * nb) >> 32
         pos = self._find(key, b0, b1)
         if pos >= 0:
             if value:
@@ -197,6 +257,7 @@ class LudoTable:
     def _clear(self, pos: int) -> None:
         self._keys[pos] = _EMPTY
         self._kid[pos] = _EMPTY
+        self._alt[pos] = _EMPTY
         self._cells[pos] = 0
         self._fps[pos] = 0
         self._fill[pos >> 2] -= 1
@@ -223,7 +284,7 @@ class LudoTable:
                 self._grow()
                 self._put(key, value)
                 return
-        pos = self._place(root, key, value, g.fingerprint(key))
+        pos = self._place(root, key, value, g.fingerprint(key), b1 if root == b0 else b0)
         self.count += 1
         bit = 0 if root == b0 else 1
         if tree is None:
@@ -231,67 +292,59 @@ class LudoTable:
         else:
             self._kid[pos] = self._othello.add_edge(a, b, bit, tree)
 
-    def _place(self, bucket: int, key: int, value: int, fp: int, kid: int = _EMPTY) -> int:
+    def _place(
+        self, bucket: int, key: int, value: int, fp: int, alt: int, kid: int = _EMPTY
+    ) -> int:
         """Put a key into a bucket with a free cell, re-seeding it if needed."""
         g = self.geometry
-        keys = self._keys
+        keys, cells, fps, kids, alts = self._keys, self._cells, self._fps, self._kid, self._alt
         base = bucket << 2
         self._fill[bucket] += 1
         self._dirty.add(bucket)
+        # Keep the bucket's seed when the new key's cell under it is free: one hash
+        # instead of a seed search, and only one cell of the bucket changes.
         pos = base + g.slot(key, self._seeds[bucket])
         if keys[pos] == _EMPTY:
-            keys[pos] = key
-            self._cells[pos] = value
-            self._fps[pos] = fp
-            self._kid[pos] = kid
+            keys[pos], cells[pos], fps[pos], kids[pos], alts[pos] = key, value, fp, kid, alt
             return pos
         entries = [
-            (keys[q], self._cells[q], self._fps[q], self._kid[q])
+            (keys[q], cells[q], fps[q], kids[q], alts[q])
             for q in range(base, base + 4)
             if keys[q] != _EMPTY
         ]
-        entries.append((key, value, fp, kid))
+        entries.append((key, value, fp, kid, alt))
         seed, slots = find_seed(g, [e[0] for e in entries])
         for q in range(base, base + 4):
-            keys[q] = _EMPTY
-            self._cells[q] = 0
-            self._fps[q] = 0
-            self._kid[q] = _EMPTY
-        for (k, v, f, i), s in zip(entries, slots, strict=True):
-            keys[base + s] = k
-            self._cells[base + s] = v
-            self._fps[base + s] = f
-            self._kid[base + s] = i
+            keys[q], cells[q], fps[q], kids[q], alts[q] = _EMPTY, 0, 0, _EMPTY, _EMPTY
+        for entry, s in zip(entries, slots, strict=True):
+            q = base + s
+            keys[q], cells[q], fps[q], kids[q], alts[q] = entry
         self._seeds[bucket] = seed
         return base + slots[-1]
 
     def _displace(self, b0: int, b1: int, toggle: bool) -> int:
         """Free a cell in b0 or b1 by a breadth-first cuckoo path; return that bucket."""
-        g = self.geometry
-        keys, fill = self._keys, self._fill
-        # Each entry: (bucket, parent entry, position in the parent of the key moving here)
-        entries: list[tuple[int, int, int]] = [(b0, -1, -1)]
-        depth = [1]
-        if b1 != b0:
-            entries.append((b1, -1, -1))
-            depth.append(1)
+        keys, fill, alts = self._keys, self._fill, self._alt
+        # Each entry: (bucket, parent entry, position in the parent of the key moving
+        # here, path length in buckets). A bucket is tested for room when enqueued.
+        entries: list[tuple[int, int, int, int]] = [(b0, -1, -1, 1), (b1, -1, -1, 1)]
         seen = {b0, b1}
-        i = 0
         found = -1
-        while i < len(entries):
-            bucket = entries[i][0]
-            if fill[bucket] < 4:
-                found = i
+        i = 0
+        while found < 0 and i < len(entries):
+            bucket, _, _, depth = entries[i]
+            if depth > MAX_CUCKOO_MOVES:
                 break
-            if depth[i] <= MAX_CUCKOO_MOVES:
-                base = bucket << 2
-                for q in range(base, base + 4):
-                    c0, c1 = g.buckets(keys[q])
-                    alt = c1 if c0 == bucket else c0
-                    if alt not in seen:
-                        seen.add(alt)
-                        entries.append((alt, i, q))
-                        depth.append(depth[i] + 1)
+            base = bucket << 2
+            for q in range(base, base + 4):
+                alt = alts[q]
+                if alt in seen:  # includes alt == bucket: a key with one candidate
+                    continue
+                seen.add(alt)
+                entries.append((alt, i, q, depth + 1))
+                if fill[alt] < 4:
+                    found = len(entries) - 1
+                    break
             i += 1
         if found < 0:
             raise TableFull("no cuckoo path frees a cell")
@@ -299,10 +352,10 @@ class LudoTable:
         # cell is reused.
         e = found
         while entries[e][1] >= 0:
-            bucket, parent, q = entries[e]
+            bucket, parent, q, _ = entries[e]
             key, value, fp, kid = keys[q], self._cells[q], self._fps[q], self._kid[q]
             self._clear(q)
-            self._place(bucket, key, value, fp, kid)
+            self._place(bucket, key, value, fp, q >> 2, kid)
             if toggle:
                 self._othello.toggle(kid)
             e = parent
@@ -388,6 +441,7 @@ class LudoTable:
         key_arr = np.full(g.n_cells, _EMPTY, dtype=np.int64)
         key_arr[pos] = keys.astype(np.int64)
         self._keys = array("q", key_arr.tobytes())
+        self._alt = _alt_array(g, key_arr)
         self._fill = bytearray(np.bincount(bucket, minlength=g.nb).astype(np.uint8).tobytes())
         self.count = len(keys)
 
@@ -423,17 +477,6 @@ class LudoTable:
 
     # -- patches -------------------------------------------------------------------
 
-    def _bucket_image(self, b: int) -> BucketImage:
-        p = b << 2
-        cells = self._cells
-        fps = self._fps if self.geometry.fingerprint_bits else None
-        return BucketImage(
-            b,
-            self._seeds[b],
-            (cells[p], cells[p + 1], cells[p + 2], cells[p + 3]),
-            (0, 0, 0, 0) if fps is None else (fps[p], fps[p + 1], fps[p + 2], fps[p + 3]),
-        )
-
     def take_patch(self) -> TablePatch:
         """The absolute-state patch for everything written since the last call."""
         g = self.geometry
@@ -445,18 +488,38 @@ class LudoTable:
             othello.dirty_words.clear()
             return TablePatch(g.generation, reload=self.view_image())
         reset = None
-        words: tuple[tuple[int, int], ...] = ()
+        words = WordImages()
         if self._othello_reset:
             reset = OthelloReset(g.othello_seed, othello.words.tobytes())
             self._othello_reset = False
         elif othello.dirty_words:
-            w = othello.words
-            words = tuple((i, w[i]) for i in othello.dirty_words)
+            idx = np.fromiter(othello.dirty_words, dtype=np.int64, count=len(othello.dirty_words))
+            all_words = np.frombuffer(othello.words, dtype=np.uint64)
+            words = WordImages(idx, all_words[idx])
         othello.dirty_words.clear()
-        image = self._bucket_image
-        buckets = tuple(image(b) for b in self._dirty)
-        self._dirty.clear()
+        buckets = None
+        if self._dirty:
+            b = np.fromiter(self._dirty, dtype=np.int64, count=len(self._dirty))
+            self._dirty.clear()
+            seeds, cells, fps = self._arrays()
+            buckets = BucketImages(
+                b,
+                seeds[b],
+                cells.reshape(-1, 4)[b],
+                None if fps is None else fps.reshape(-1, 4)[b],
+            )
         return TablePatch(g.generation, buckets, words, reset)
+
+    def _arrays(self) -> tuple[NDArray[np.uint8], NDArray[Any], NDArray[Any] | None]:
+        """Numpy views of the image's seeds, cells and fingerprints."""
+        g, layout = self.geometry, self._layout
+        seeds = np.frombuffer(self._buf, np.uint8, g.nb, layout.seeds)
+        cells = np.frombuffer(self._buf, self._cell_dtype, g.n_cells, layout.cells)
+        fps = None
+        if g.fingerprint_bits:
+            fp_dtype = np.uint8 if layout.fingerprint_itemsize == 1 else np.uint16
+            fps = np.frombuffer(self._buf, fp_dtype, g.n_cells, layout.fingerprints)
+        return seeds, cells, fps
 
     # -- images and snapshots ---------------------------------------------------------
 
@@ -497,6 +560,7 @@ class LudoTable:
         if len(occ) != header.count:
             raise SnapshotError(f"snapshot holds {len(occ)} keys but its header says {header.count}")
         table._keys = array("q", keys.tobytes())
+        table._alt = _alt_array(g, keys)
         table._fill = bytearray(
             np.bincount(occ >> 2, minlength=g.nb).astype(np.uint8).tobytes()
         )
@@ -545,3 +609,13 @@ def _greedy_placement(
         bucket[chosen] = cand[chosen]
         fill += np.bincount(cs[ok], minlength=g.nb)
     return bucket >= 0, bucket
+
+
+def _alt_array(g: TableGeometry, cell_keys: NDArray[np.int64]) -> array[int]:
+    """For every cell, the other candidate bucket of the key it holds (-1 if empty)."""
+    alt = np.full(g.n_cells, _EMPTY, dtype=np.int32)
+    occ = np.flatnonzero(cell_keys >= 0)
+    b0, b1 = g.buckets_array(cell_keys[occ].astype(np.uint64))
+    here = (occ >> 2).astype(np.uint64)
+    alt[occ] = np.where(here == b0, b1, b0).astype(np.int32)
+    return array("i", alt.tobytes())

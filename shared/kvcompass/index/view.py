@@ -132,18 +132,15 @@ class LudoView:
             g = self.geometry.with_othello_seed(reset.othello_seed)
             self._buf[:HEADER_SIZE] = ImageHeader(ImageKind.VIEW, g, 0, 0, 0).pack()
             self._bind(g)
-        words = self._mv_words
-        for i, w in patch.words:
-            words[i] = w
-        seeds, cells, fps = self._mv_seeds, self._mv_cells, self._mv_fps
-        for b in patch.buckets:
-            seeds[b.bucket] = b.seed
-            p = b.bucket << 2
-            c = b.cells
-            cells[p], cells[p + 1], cells[p + 2], cells[p + 3] = c
-            if fps is not None:
-                f = b.fingerprints
-                fps[p], fps[p + 1], fps[p + 2], fps[p + 3] = f
+        if len(patch.words):
+            self._words[patch.words.indices] = patch.words.values
+        images = patch.buckets
+        if images is not None and len(images):
+            b = images.buckets
+            self._seeds[b] = images.seeds
+            self._cells.reshape(-1, 4)[b] = images.cells
+            if self._fps is not None and images.fingerprints is not None:
+                self._fps.reshape(-1, 4)[b] = images.fingerprints
 
     # -- lookups -------------------------------------------------------------------
 
