@@ -1,0 +1,187 @@
+"""Prefix keys (incremental SHA-256) and shard assignment."""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import struct
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvcompass.hashing import MASK63, MASK64
+from kvcompass.keys import (
+    SHARD_SALT,
+    Namespace,
+    prefix_key,
+    prefix_keys,
+    shard_of,
+    shard_of_array,
+)
+
+NS = Namespace("meta-llama/Llama-3.1-8B-Instruct")
+
+
+def one_shot_key(tokens: Sequence[int], model: str, group: str = "default") -> int:
+    """The key format written out from DESIGN §5, independently of the implementation."""
+    m, g = model.encode(), group.encode()
+    data = b"kvc-key/1" + struct.pack("<I", len(m)) + m + struct.pack("<I", len(g)) + g
+    data += struct.pack(f"<{len(tokens)}I", *tokens)
+    return int.from_bytes(hashlib.sha256(data).digest()[:8], "little") & MASK63
+
+
+def test_known_answer() -> None:
+    tokens = [128000, 9906, 1917, 0, 2**32 - 1]
+    keys = prefix_keys(tokens, [1, 3, 5], NS)
+    assert keys == {c: one_shot_key(tokens[:c], NS.model) for c in (1, 3, 5)}
+    # Pinned literal: keys live in snapshots and on the wire, so the format must not drift.
+    assert keys[5] == one_shot_key(tokens, NS.model) == 0x6D5CD33F3FDA482E
+
+
+def test_namespace_prefix_is_length_prefixed() -> None:
+    ns = Namespace("m", "g")
+    assert ns.prefix == b"kvc-key/1\x01\x00\x00\x00m\x01\x00\x00\x00g"
+    assert pickle.loads(pickle.dumps(ns)) == ns
+
+
+def test_every_length_equals_one_shot_hash_of_that_prefix() -> None:
+    tokens = list(range(1000, 1300))
+    lengths = [16, 1, 300, 64, 128, 255]
+    keys = prefix_keys(tokens, lengths, NS)
+    assert list(keys) == sorted(lengths)
+    for c, key in keys.items():
+        assert key == one_shot_key(tokens[:c], NS.model)
+        assert key == prefix_key(tokens, c, NS)
+        assert 0 <= key <= MASK63
+
+
+def test_namespaces_never_share_keys() -> None:
+    tokens = [1, 2, 3, 4]
+    variants = [
+        Namespace("llama"),
+        Namespace("llama", "tenant-a"),
+        Namespace("llama", "tenant-b"),
+        Namespace("qwen"),
+        Namespace("ab", "c"),
+        Namespace("a", "bc"),
+    ]
+    keys = {prefix_key(tokens, 4, ns) for ns in variants}
+    assert len(keys) == len(variants)
+
+
+def test_lengths_beyond_prompt_are_skipped_and_duplicates_collapse() -> None:
+    keys = prefix_keys([5, 6, 7], [2, 3, 3, 4, 100], NS)
+    assert list(keys) == [2, 3]
+    assert prefix_keys([], [1, 2], NS) == {}
+    with pytest.raises(ValueError, match="exceeds the prompt"):
+        prefix_key([5, 6, 7], 4, NS)
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [
+        [-1, 2],
+        [1, 2**32],
+        [1.0, 2.0],
+        np.array([1, -5], dtype=np.int32),
+        np.array([2**40], dtype=np.uint64),
+        np.array([[1, 2], [3, 4]]),
+        [True, False],
+    ],
+    ids=["negative", "2^32", "float", "np-negative", "np-big", "2d", "bool"],
+)
+def test_invalid_tokens_rejected(tokens: object) -> None:
+    with pytest.raises(ValueError, match=r"token ids must be integers|one-dimensional"):
+        prefix_keys(tokens, [1], NS)  # type: ignore[arg-type]
+
+
+def test_bytes_tokens_rejected_as_ambiguous() -> None:
+    with pytest.raises(TypeError, match="not bytes"):
+        prefix_keys(b"\x01\x00\x00\x00", [1], NS)
+
+
+@pytest.mark.parametrize("bad", [0, -16])
+def test_non_positive_lengths_rejected(bad: int) -> None:
+    with pytest.raises(ValueError, match="must be positive"):
+        prefix_keys([1, 2, 3], [2, bad], NS)
+
+
+def test_non_integer_lengths_rejected() -> None:
+    with pytest.raises(TypeError):
+        prefix_keys([1, 2, 3], [1.5], NS)  # type: ignore[list-item]
+
+
+def test_empty_namespace_fields_rejected() -> None:
+    with pytest.raises(ValueError, match="non-empty"):
+        Namespace("")
+    with pytest.raises(ValueError, match="non-empty"):
+        Namespace("llama", "")
+
+
+@pytest.mark.parametrize("dtype", ["<u4", ">u4", "int64", "uint16", "int32", "uint64"])
+def test_numpy_and_list_inputs_agree(dtype: str) -> None:
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9]
+    expected = prefix_keys(tokens, [1, 7, 15], NS)
+    assert prefix_keys(np.array(tokens, dtype=dtype), [1, 7, 15], NS) == expected
+    strided = np.repeat(np.array(tokens, dtype=dtype), 2)[::2]  # non-contiguous view
+    assert prefix_keys(strided, np.array([1, 7, 15]), NS) == expected
+
+
+@given(
+    tokens=st.lists(st.integers(0, 2**32 - 1), max_size=80),
+    lengths=st.lists(st.integers(1, 100), max_size=12),
+)
+def test_incremental_equals_one_shot(tokens: list[int], lengths: list[int]) -> None:
+    keys = prefix_keys(tokens, lengths, NS)
+    assert set(keys) == {c for c in lengths if c <= len(tokens)}
+    for c, key in keys.items():
+        assert key == one_shot_key(tokens[:c], NS.model)
+
+
+# --- shards --------------------------------------------------------------------------------
+
+
+def test_shard_salt_is_the_documented_derivation() -> None:
+    digest = hashlib.sha256(b"kvcompass shard salt v1").digest()
+    assert int.from_bytes(digest[:8], "little") == SHARD_SALT
+
+
+@pytest.mark.parametrize("n_shards", [1, 2, 7, 64, 1000])
+def test_shard_of_array_matches_scalar(n_shards: int) -> None:
+    rng = np.random.default_rng(7)
+    keys = np.concatenate(
+        [
+            rng.integers(0, 2**63, size=2000, dtype=np.uint64),
+            np.array([0, 1, MASK63, MASK64, SHARD_SALT], dtype=np.uint64),
+        ]
+    )
+    shards = shard_of_array(keys, n_shards)
+    assert shards.dtype == np.int64
+    assert shards.tolist() == [shard_of(int(k), n_shards) for k in keys]
+    assert all(0 <= s < n_shards for s in shards.tolist())
+
+
+@pytest.mark.parametrize("source", ["random", "sequential"])
+def test_shards_spread_evenly(source: str) -> None:
+    n, n_shards = 100_000, 64
+    if source == "random":
+        keys = np.random.default_rng(11).integers(0, 2**63, size=n, dtype=np.uint64)
+    else:  # structured keys must spread too: the mix, not the key, decides the shard
+        keys = np.arange(n, dtype=np.uint64)
+    counts = np.bincount(shard_of_array(keys, n_shards), minlength=n_shards)
+    expected = n / n_shards
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    # 63 degrees of freedom: mean 63, sd ~11; 130 is about p = 1e-6 for a fair spread.
+    assert chi2 < 130, (chi2, counts.min(), counts.max())
+
+
+def test_shard_arguments_validated() -> None:
+    with pytest.raises(ValueError, match="n_shards"):
+        shard_of(1, 0)
+    with pytest.raises(ValueError, match="n_shards"):
+        shard_of_array(np.zeros(1, dtype=np.uint64), 0)
+    with pytest.raises(ValueError, match="64-bit"):
+        shard_of(-1, 4)
