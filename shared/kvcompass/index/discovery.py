@@ -1,0 +1,179 @@
+"""The multi-level discovery index: per-shard region tables, and the lookup over them.
+
+``DiscoveryIndex`` is the maintenance side of some shards (a maintenance unit owns one
+or a few): it turns "worker w now holds key k in tier t" into table writes and patches.
+``DiscoveryView`` is an edge's keyless replica of every shard. ``MultiLevelQuery`` holds a
+prompt's keys at the lengths an edge queries toward each region, and
+:meth:`DiscoveryView.match` answers, for every worker anywhere, the longest matched length
+and the tier there.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from kvcompass.index.layout import IndexLayout, Tier, with_tier
+from kvcompass.index.ludo import LudoTable
+from kvcompass.index.patches import TablePatch
+from kvcompass.index.view import LudoView
+from kvcompass.keys import Namespace, TokenIds, prefix_keys, shard_of
+from kvcompass.levels import LevelPlan
+
+__all__ = ["DiscoveryIndex", "DiscoveryView", "Match", "MultiLevelQuery", "TableKey"]
+
+#: (shard, table id): one Ludo table.
+TableKey = tuple[int, int]
+
+
+class DiscoveryIndex:
+    """Full-key tables of the shards this process owns, for every region table."""
+
+    def __init__(
+        self,
+        layout: IndexLayout,
+        n_shards: int,
+        shards: Iterable[int] | None = None,
+        *,
+        initial_capacity: int = 1024,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.layout = layout
+        self.n_shards = n_shards
+        rng = rng or random.Random()
+        owned = range(n_shards) if shards is None else shards
+        self.tables: dict[TableKey, LudoTable] = {
+            (s, spec.table_id): LudoTable.with_capacity(
+                initial_capacity,
+                value_bits=spec.value_bits,
+                fingerprint_bits=layout.fingerprint_bits,
+                rng=rng,
+            )
+            for s in owned
+            for spec in layout.tables
+        }
+
+    def _table_of(self, key: int, worker: int) -> tuple[TableKey, int]:
+        table_id, field = self.layout.slots[worker]
+        return (shard_of(key, self.n_shards), table_id), field
+
+    def tier(self, key: int, worker: int) -> Tier:
+        where, field = self._table_of(key, worker)
+        return Tier((self.tables[where].get(key) >> (field << 1)) & 3)
+
+    def set_tier(self, keys: Iterable[int], worker: int, tier: Tier) -> None:
+        """Record that ``worker`` holds (or, with ABSENT, dropped) every key in ``tier``.
+
+        Writes are staged; :meth:`take_patches` returns the resulting patches.
+        """
+        table_id, field = self.layout.slots[worker]
+        n = self.n_shards
+        tables = self.tables
+        for key in keys:
+            table = tables[(shard_of(key, n), table_id)]
+            old = table.get(key)
+            new = with_tier(old, field, tier)
+            if new != old:
+                table._put(key, new)
+
+    def take_patches(self) -> dict[TableKey, TablePatch]:
+        """Patches of every table written since the last call."""
+        out = {}
+        for where, table in self.tables.items():
+            patch = table.take_patch()
+            if not patch.is_empty:
+                out[where] = patch
+        return out
+
+    def view_images(self) -> dict[TableKey, bytes]:
+        return {where: t.view_image() for where, t in self.tables.items()}
+
+    @property
+    def count(self) -> int:
+        """Entries across all tables (a prefix held in two region tables counts twice)."""
+        return sum(len(t) for t in self.tables.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """Per worker (global index): longest matched prefix length (0: none) and its tier."""
+
+    lengths: list[int]
+    tiers: list[int]
+
+    def holders(self) -> dict[int, tuple[int, Tier]]:
+        return {w: (n, Tier(self.tiers[w])) for w, n in enumerate(self.lengths) if n}
+
+
+@dataclass(frozen=True, slots=True)
+class MultiLevelQuery:
+    """A prompt's keys at the lengths one edge queries, per target region, ascending."""
+
+    per_region: Mapping[str, Sequence[tuple[int, int]]]
+
+    @classmethod
+    def for_prompt(
+        cls, tokens: TokenIds, edge_region: str, plan: LevelPlan, namespace: Namespace
+    ) -> MultiLevelQuery:
+        """Hash the prompt once, at the union of the lengths the edge queries."""
+        targets = plan.queries_from(edge_region)
+        keys = prefix_keys(tokens, plan.all_query_lengths(edge_region), namespace)
+        return cls(
+            {
+                region: [(n, keys[n]) for n in lengths if n in keys]
+                for region, lengths in targets.items()
+            }
+        )
+
+
+class DiscoveryView:
+    """An edge's keyless replica of every shard's region tables."""
+
+    def __init__(self, layout: IndexLayout, n_shards: int, views: Mapping[TableKey, LudoView]):
+        missing = {
+            (s, t.table_id) for s in range(n_shards) for t in layout.tables
+        } - set(views)
+        if missing:
+            raise ValueError(f"views missing for {len(missing)} tables, e.g. {min(missing)}")
+        self.layout = layout
+        self.n_shards = n_shards
+        self.views = dict(views)
+        self._region_tables = {
+            region: [(t.table_id, t.workers) for t in layout.tables_of(region)]
+            for region in {t.region for t in layout.tables}
+        }
+
+    @classmethod
+    def from_images(
+        cls, layout: IndexLayout, n_shards: int, images: Mapping[TableKey, bytes]
+    ) -> DiscoveryView:
+        return cls(layout, n_shards, {k: LudoView(img) for k, img in images.items()})
+
+    def apply(self, patches: Mapping[TableKey, TablePatch]) -> None:
+        for where, patch in patches.items():
+            self.views[where].apply(patch)
+
+    def match(self, query: MultiLevelQuery) -> Match:
+        """Longest matched length and tier of every worker, over all levels and regions."""
+        n_workers = self.layout.n_workers
+        lengths = [0] * n_workers
+        tiers = [0] * n_workers
+        views, n_shards = self.views, self.n_shards
+        for region, pairs in query.per_region.items():
+            for table_id, workers in self._region_tables[region]:
+                # Ascending lengths: a longer match overwrites a shorter one.
+                for length, key in pairs:
+                    value = views[(shard_of(key, n_shards), table_id)].lookup(key)
+                    while value:
+                        bit = (value & -value).bit_length() - 1
+                        shift = bit & ~1
+                        w = workers[bit >> 1]
+                        lengths[w] = length
+                        tiers[w] = (value >> shift) & 3
+                        value &= ~(3 << shift)
+        return Match(lengths, tiers)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(v.nbytes for v in self.views.values())
