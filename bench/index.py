@@ -126,7 +126,7 @@ def _writes(n_cells: int, seed: int) -> dict[str, dict[str, float]]:
     for load in (0.85, 0.95):
         table, keys, _ = _full_table(n_cells, load - 0.01, 32, 0, seed)
         rng = np.random.default_rng(seed + 7)
-        fresh = [k for k in _keys(rng, int(0.011 * table.geometry.n_cells)).tolist()]
+        fresh = _keys(rng, int(0.011 * table.geometry.n_cells)).tolist()
         fresh = fresh[: table.capacity - len(table)]
         batches = [fresh[i : i + WRITE_BATCH] for i in range(0, len(fresh), WRITE_BATCH)]
         t0 = time.perf_counter()

@@ -50,8 +50,9 @@ def _synthetic_entries(
     workers = topology.workers
     prompts: list[np.ndarray] = []
     entries = 0
-    families = [rng.integers(0, 128_000, int(rng.integers(256, 4096)), dtype=np.uint32)
-                for _ in range(512)]
+    families = [
+        rng.integers(0, 128_000, int(rng.integers(256, 4096)), dtype=np.uint32) for _ in range(512)
+    ]
     while entries < target_entries:
         family = families[int(rng.integers(0, len(families)))]
         suffix = rng.integers(0, 128_000, int(rng.integers(128, 9000)), dtype=np.uint32)
@@ -117,9 +118,9 @@ def run_index_demo(
 
     # False hits: keys never inserted should name no holder.
     alien = np.random.default_rng(seed + 1).integers(0, 1 << 63, 200_000, dtype=np.uint64)
-    false_hits = sum(
-        int(np.count_nonzero(v.lookup_batch(alien))) for v in view.views.values()
-    ) / (len(alien) * len(view.views))
+    false_hits = sum(int(np.count_nonzero(v.lookup_batch(alien))) for v in view.views.values()) / (
+        len(alien) * len(view.views)
+    )
 
     # Per-request forwarding lookups: keys at every level and region, then the match.
     plan = plan_levels(topology)
@@ -136,17 +137,22 @@ def run_index_demo(
     view_bits = 8 * view.nbytes / n_entries
     load = n_entries / sum(t.geometry.n_cells for t in maint.values())
     rows = [
-        ("topology", f"{topology.name} ({len(topology.workers)} workers, "
-                     f"{len(topology.regions)} regions, {len(layout.tables)} tables)"),
+        (
+            "topology",
+            f"{topology.name} ({len(topology.workers)} workers, "
+            f"{len(topology.regions)} regions, {len(layout.tables)} tables)",
+        ),
         ("entries", f"{n_entries:,} from {len(prompts):,} synthetic prompts"),
         ("fingerprint bits", str(fp_bits)),
         ("generate / build", f"{t_gen:.1f} s / {t_build:.1f} s"),
         ("table load", f"{100 * load:.1f}% of cells"),
         ("view memory", f"{view.nbytes / 2**20:.1f} MiB = {view_bits:.1f} bits/entry"),
         ("batch lookup", f"{n_lookups / t_batch / 1e6:.2f} M keys/s ({wrong} wrong answers)"),
-        ("forward lookup (keys + match)",
-         f"P50 {np.percentile(lat_us, 50):.1f} us, P99 {np.percentile(lat_us, 99):.1f} us "
-         f"from edge '{edge}'"),
+        (
+            "forward lookup (keys + match)",
+            f"P50 {np.percentile(lat_us, 50):.1f} us, P99 {np.percentile(lat_us, 99):.1f} us "
+            f"from edge '{edge}'",
+        ),
         ("false-hit rate (never-inserted)", f"{100 * false_hits:.2f}%"),
     ]
     return DemoReport(rows)

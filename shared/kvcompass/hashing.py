@@ -48,9 +48,7 @@ def mix64(x: int) -> int:
     return x ^ (x >> 33)
 
 
-def mix64_array(
-    x: NDArray[np.uint64], out: NDArray[np.uint64] | None = None
-) -> NDArray[np.uint64]:
+def mix64_array(x: NDArray[np.uint64], out: NDArray[np.uint64] | None = None) -> NDArray[np.uint64]:
     """Vectorised :func:`mix64`; writes into ``out`` (which may be ``x``) when given."""
     if out is None:
         out = x.copy()

@@ -131,9 +131,7 @@ class DiscoveryView:
     """An edge's keyless replica of every shard's region tables."""
 
     def __init__(self, layout: IndexLayout, n_shards: int, views: Mapping[TableKey, LudoView]):
-        missing = {
-            (s, t.table_id) for s in range(n_shards) for t in layout.tables
-        } - set(views)
+        missing = {(s, t.table_id) for s in range(n_shards) for t in layout.tables} - set(views)
         if missing:
             raise ValueError(f"views missing for {len(missing)} tables, e.g. {min(missing)}")
         self.layout = layout

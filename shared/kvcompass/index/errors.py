@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-__all__ = ["GenerationMismatch", "IndexError_", "SnapshotError", "TableFull"]
+__all__ = ["GenerationMismatch", "KVCIndexError", "SnapshotError", "TableFull"]
 
 
-class IndexError_(Exception):
-    """Root of the index's errors (trailing underscore: not the builtin IndexError)."""
+class KVCIndexError(Exception):
+    """Root of the index's errors ."""
 
 
-class SnapshotError(IndexError_, ValueError):
+class SnapshotError(KVCIndexError, ValueError):
     """A snapshot or image is corrupt, truncated, or of another table shape."""
 
 
-class GenerationMismatch(IndexError_):
+class GenerationMismatch(KVCIndexError):
     """A patch targets another table generation; the view must reload from a snapshot."""
 
 
-class TableFull(IndexError_):
+class TableFull(KVCIndexError):
     """No cuckoo path of the allowed length frees a cell (the caller grows the table)."""

@@ -108,7 +108,7 @@ class ImageHeader:
         return (head + struct.pack("<I", crc)).ljust(HEADER_SIZE, b"\0")
 
     @classmethod
-    def unpack(cls, data: bytes | memoryview) -> ImageHeader:
+    def unpack(cls, data: bytes | bytearray | memoryview) -> ImageHeader:
         if len(data) < HEADER_SIZE:
             raise SnapshotError(f"image too short for a header: {len(data)} bytes")
         raw = bytes(data[: _STRUCT.size])

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from array import array
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -82,12 +82,12 @@ class LudoTable:
         self._buf = bytearray(layout.view_end)
         mv = memoryview(self._buf)
         self._seeds = mv[layout.seeds : layout.seeds + g.nb]
-        cell_code = "I" if g.value_bits == 32 else "Q"
+        cell_code: Literal["I", "Q"] = "I" if g.value_bits == 32 else "Q"
         self._cells = mv[layout.cells : layout.cells + g.n_cells * layout.cell_itemsize].cast(
             cell_code
         )
         if g.fingerprint_bits:
-            fp_code = "H" if layout.fingerprint_itemsize == 2 else "B"
+            fp_code: Literal["H", "B"] = "H" if layout.fingerprint_itemsize == 2 else "B"
             fp_bytes = g.n_cells * layout.fingerprint_itemsize
             self._fps = mv[layout.fingerprints : layout.fingerprints + fp_bytes].cast(fp_code)
         else:
@@ -178,9 +178,7 @@ class LudoTable:
         removals and inserts (which may move keys) one by one.
         """
         k = np.asarray(keys if isinstance(keys, np.ndarray) else list(keys), dtype=np.uint64)
-        v = np.asarray(
-            values if isinstance(values, np.ndarray) else list(values), dtype=np.uint64
-        )
+        v = np.asarray(values if isinstance(values, np.ndarray) else list(values), dtype=np.uint64)
         if k.shape != v.shape or k.ndim != 1:
             raise ValueError(f"keys and values must be equal-length vectors: {k.shape} {v.shape}")
         if len(k) and int(k.max()) >= 1 << 63:
@@ -397,7 +395,9 @@ class LudoTable:
         )
         self._bulk_load(new, keys, values)
 
-    def _bulk_load(self, g: TableGeometry, keys: NDArray[np.uint64], values: NDArray[np.uint64]) -> None:
+    def _bulk_load(
+        self, g: TableGeometry, keys: NDArray[np.uint64], values: NDArray[np.uint64]
+    ) -> None:
         """Replace the whole table by ``keys``/``values`` laid out in geometry ``g``."""
         self._reset_storage(g)
         self._reload_pending = True
@@ -406,9 +406,7 @@ class LudoTable:
         placed, bucket = _greedy_placement(g, keys)
         self._write_buckets(g, keys[placed], values[placed], bucket[placed])
         self._rebuild_othello()
-        for key, value in zip(
-            keys[~placed].tolist(), values[~placed].tolist(), strict=True
-        ):
+        for key, value in zip(keys[~placed].tolist(), values[~placed].tolist(), strict=True):
             self._put(key, value)
         self._dirty.clear()
         self._othello.dirty_words.clear()
@@ -558,12 +556,12 @@ class LudoTable:
         keys = np.frombuffer(data, np.int64, g.n_cells, layout.keys)
         occ = np.flatnonzero(keys >= 0)
         if len(occ) != header.count:
-            raise SnapshotError(f"snapshot holds {len(occ)} keys but its header says {header.count}")
+            raise SnapshotError(
+                f"snapshot holds {len(occ)} keys but its header says {header.count}"
+            )
         table._keys = array("q", keys.tobytes())
         table._alt = _alt_array(g, keys)
-        table._fill = bytearray(
-            np.bincount(occ >> 2, minlength=g.nb).astype(np.uint8).tobytes()
-        )
+        table._fill = bytearray(np.bincount(occ >> 2, minlength=g.nb).astype(np.uint8).tobytes())
         table.count = len(occ)
         k = keys[occ].astype(np.uint64)
         b0, b1 = g.buckets_array(k)

@@ -97,8 +97,10 @@ class LudoView:
         """Bytes of lookup state: seeds, cells, fingerprints and Othello bits."""
         g = self.geometry
         layout = self._layout
-        return g.nb + g.n_cells * (layout.cell_itemsize + layout.fingerprint_itemsize) + (
-            (g.n_nodes + 7) // 8
+        return (
+            g.nb
+            + g.n_cells * (layout.cell_itemsize + layout.fingerprint_itemsize)
+            + ((g.n_nodes + 7) // 8)
         )
 
     def image(self, count: int = 0) -> bytes:
