@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from kvcompass.index import LudoTable, LudoView
-from kvcompass.index.discovery import DiscoveryIndex, DiscoveryView, MultiLevelQuery
+from kvcompass.index.discovery import DiscoveryIndex, DiscoveryView, QueryPlanner
 from kvcompass.index.layout import IndexLayout, Tier
 from kvcompass.keys import Namespace, prefix_keys
 from kvcompass.levels import plan_levels
@@ -176,23 +176,24 @@ def _forward(seed: int, n_prompts: int) -> dict[str, float]:
         index.set_tier(keys.values(), w.index, Tier.VRAM)
     view = DiscoveryView.from_images(layout, 4, index.view_images())
     edge = topology.regions[0].name
+    planner = QueryPlanner(plan, edge, ns)
     lat = []
     for prompt in prompts:
         t0 = time.perf_counter()
-        view.match(MultiLevelQuery.for_prompt(prompt, edge, plan, ns))
+        view.match(planner.query(prompt))
         lat.append(time.perf_counter() - t0)
     as_list = [p.tolist() for p in prompts[:500]]
     lat_list = []
     for prompt_list in as_list:
         t0 = time.perf_counter()
-        view.match(MultiLevelQuery.for_prompt(prompt_list, edge, plan, ns))
+        view.match(planner.query(prompt_list))
         lat_list.append(time.perf_counter() - t0)
     us = np.array(lat) * 1e6
     return {
         "forward_lookup_p50_us": round(float(np.percentile(us, 50)), 1),
         "forward_lookup_p99_us": round(float(np.percentile(us, 99)), 1),
         "forward_lookup_list_input_p50_us": round(float(np.median(lat_list)) * 1e6, 1),
-        "forward_lookup_keys_per_prompt": len(plan.all_query_lengths(edge)),
+        "forward_lookup_keys_per_prompt": sum(1 for c in plan.all_query_lengths(edge) if c <= 4096),
     }
 
 

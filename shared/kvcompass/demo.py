@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvcompass.index.discovery import DiscoveryView, MultiLevelQuery, TableKey
+from kvcompass.index.discovery import DiscoveryView, QueryPlanner, TableKey
 from kvcompass.index.layout import IndexLayout, Tier, with_tier
 from kvcompass.index.ludo import LudoTable
 from kvcompass.keys import Namespace, prefix_keys
@@ -126,11 +126,12 @@ def run_index_demo(
     plan = plan_levels(topology)
     ns = Namespace("demo-model")
     edge = topology.regions[0].name
+    planner = QueryPlanner(plan, edge, ns)
     sample = prompts[:: max(1, len(prompts) // 2000)]
     latencies = []
     for prompt in sample:
         t0 = time.perf_counter()
-        view.match(MultiLevelQuery.for_prompt(prompt, edge, plan, ns))
+        view.match(planner.query(prompt))
         latencies.append(time.perf_counter() - t0)
     lat_us = np.array(latencies) * 1e6
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import operator
 import struct
+import sys
+from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -45,6 +47,8 @@ _KEY_FORMAT_TAG: Final = b"kvc-key/1"  # bump if the key encoding ever changes
 _TOKEN_LIMIT: Final = 1 << 32
 _TOKEN_DTYPE: Final = np.dtype("<u4")
 _TOKEN_BYTES: Final = 4
+#: array("I") is native-endian uint32 here; the list fast path needs little-endian 4-byte.
+_FAST_LIST_PATH: Final = sys.byteorder == "little" and array("I").itemsize == _TOKEN_BYTES
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,13 @@ def _token_bytes(tokens: TokenIds) -> bytes:
     if isinstance(tokens, bytes | bytearray | memoryview):
         # A bytes object is also a sequence of small ints; refuse the ambiguity.
         raise TypeError("pass token ids, not bytes (use np.frombuffer(data, '<u4'))")
+    if isinstance(tokens, list | tuple) and tokens and type(tokens[0]) is int and _FAST_LIST_PATH:
+        # array('I') range-checks each int in C: about 5x faster than numpy for lists.
+        # (A list of bools still goes to numpy, which rejects the bool dtype.)
+        try:
+            return array("I", tokens).tobytes()
+        except (OverflowError, TypeError) as exc:
+            raise ValueError(f"token ids must be integers in [0, 2^32): {exc}") from exc
     arr = np.asarray(tokens)
     if arr.ndim != 1:
         raise ValueError(f"tokens must be one-dimensional, got shape {arr.shape}")

@@ -11,17 +11,25 @@ and the tier there.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from kvcompass.hashing import MASK64
 from kvcompass.index.layout import IndexLayout, Tier, with_tier
 from kvcompass.index.ludo import LudoTable
 from kvcompass.index.patches import TablePatch
 from kvcompass.index.view import LudoView
-from kvcompass.keys import Namespace, TokenIds, prefix_keys, shard_of
+from kvcompass.keys import SHARD_SALT, Namespace, TokenIds, prefix_keys, shard_of
 from kvcompass.levels import LevelPlan
 
-__all__ = ["DiscoveryIndex", "DiscoveryView", "Match", "MultiLevelQuery", "TableKey"]
+__all__ = [
+    "DiscoveryIndex",
+    "DiscoveryView",
+    "Match",
+    "MultiLevelQuery",
+    "QueryPlanner",
+    "TableKey",
+]
 
 #: (shard, table id): one Ludo table.
 TableKey = tuple[int, int]
@@ -117,12 +125,24 @@ class MultiLevelQuery:
         cls, tokens: TokenIds, edge_region: str, plan: LevelPlan, namespace: Namespace
     ) -> MultiLevelQuery:
         """Hash the prompt once, at the union of the lengths the edge queries."""
-        targets = plan.queries_from(edge_region)
-        keys = prefix_keys(tokens, plan.all_query_lengths(edge_region), namespace)
-        return cls(
+        return QueryPlanner(plan, edge_region, namespace).query(tokens)
+
+
+class QueryPlanner:
+    """One edge's query lengths, resolved once; :meth:`query` is then per request."""
+
+    def __init__(self, plan: LevelPlan, edge_region: str, namespace: Namespace) -> None:
+        self.edge_region = edge_region
+        self.namespace = namespace
+        self._targets = tuple(plan.queries_from(edge_region).items())
+        self._lengths = plan.all_query_lengths(edge_region)
+
+    def query(self, tokens: TokenIds) -> MultiLevelQuery:
+        keys = prefix_keys(tokens, self._lengths, self.namespace)
+        return MultiLevelQuery(
             {
                 region: [(n, keys[n]) for n in lengths if n in keys]
-                for region, lengths in targets.items()
+                for region, lengths in self._targets
             }
         )
 
@@ -137,6 +157,8 @@ class DiscoveryView:
         self.layout = layout
         self.n_shards = n_shards
         self.views = dict(views)
+        self._lookups: list[list[Callable[[int], int]]] = []
+        self._bind_lookups()
         self._region_tables = {
             region: [(t.table_id, t.workers) for t in layout.tables_of(region)]
             for region in {t.region for t in layout.tables}
@@ -148,6 +170,12 @@ class DiscoveryView:
     ) -> DiscoveryView:
         return cls(layout, n_shards, {k: LudoView(img) for k, img in images.items()})
 
+    def _bind_lookups(self) -> None:
+        n_tables = len(self.layout.tables)
+        self._lookups = [
+            [self.views[(s, t)].lookup for t in range(n_tables)] for s in range(self.n_shards)
+        ]
+
     def apply(self, patches: Mapping[TableKey, TablePatch]) -> None:
         for where, patch in patches.items():
             self.views[where].apply(patch)
@@ -157,12 +185,20 @@ class DiscoveryView:
         n_workers = self.layout.n_workers
         lengths = [0] * n_workers
         tiers = [0] * n_workers
-        views, n_shards = self.views, self.n_shards
+        n_shards = self.n_shards
+        lookups = self._lookups
         for region, pairs in query.per_region.items():
             for table_id, workers in self._region_tables[region]:
                 # Ascending lengths: a longer match overwrites a shorter one.
                 for length, key in pairs:
-                    value = views[(shard_of(key, n_shards), table_id)].lookup(key)
+                    # shard_of(key, n_shards), inlined: this loop is the per-request cost.
+                    x = key ^ SHARD_SALT
+                    x ^= x >> 33
+                    x = (x * 0xFF51AFD7ED558CCD) & MASK64
+                    x ^= x >> 33
+                    x = (x * 0xC4CEB9FE1A85EC53) & MASK64
+                    shard = (x ^ (x >> 33)) % n_shards
+                    value = lookups[shard][table_id](key)
                     while value:
                         bit = (value & -value).bit_length() - 1
                         shift = bit & ~1
