@@ -60,7 +60,9 @@ class TableGeometry:
             raise ValueError(f"value_bits must be 32 or 64, got {self.value_bits}")
         if not 0 <= self.fingerprint_bits <= 16:
             raise ValueError(f"fingerprint_bits must be in 0..16, got {self.fingerprint_bits}")
-        if not 1 <= self.nb < 2**31 or self.ma < 1 or self.mb < 1:
+        # ma + mb < 2^31: node ids are int32, and (32-bit hash · ma or mb) must fit a
+        # uint64 so the vectorised node positions equal the scalar ones.
+        if not 1 <= self.nb < 2**31 or self.ma < 1 or self.mb < 1 or self.ma + self.mb >= 2**31:
             raise ValueError(f"bad table sizes nb={self.nb} ma={self.ma} mb={self.mb}")
         if not 0 <= self.capacity <= min(4 * self.nb, self.mb):
             raise ValueError(f"capacity {self.capacity} exceeds table or locator size")

@@ -20,7 +20,7 @@ from numpy.typing import NDArray
 
 from kvcompass.hashing import MASK32, MASK64
 from kvcompass.index.errors import SnapshotError, TableFull
-from kvcompass.index.geometry import DEFAULT_LOAD_LIMIT, TableGeometry
+from kvcompass.index.geometry import DEFAULT_LOAD_LIMIT, SEEDS_PER_WORD, TableGeometry
 from kvcompass.index.image import ImageKind, layout_of, open_image, seal
 from kvcompass.index.othello import OthelloGraph
 from kvcompass.index.patches import BucketImages, OthelloReset, TablePatch, WordImages
@@ -271,10 +271,9 @@ class LudoTable:
         tree = self._othello.smaller_side(a, b)
         toggle = tree is not None
         fill = self._fill
-        if fill[b0] < 4:
-            root = b0
-        elif fill[b1] < 4:
-            root = b1
+        sig0 = g.slot_word(key, 0)  # the key's cell under every seed below 32
+        if fill[b0] < 4 or fill[b1] < 4:
+            root = self._roomiest(key, sig0, b0, b1)
         else:
             try:
                 root = self._displace(b0, b1, toggle)
@@ -282,7 +281,7 @@ class LudoTable:
                 self._grow()
                 self._put(key, value)
                 return
-        pos = self._place(root, key, value, g.fingerprint(key), b1 if root == b0 else b0)
+        pos = self._place(root, key, value, g.fingerprint(key), b1 if root == b0 else b0, sig0=sig0)
         self.count += 1
         bit = 0 if root == b0 else 1
         if tree is None:
@@ -290,10 +289,30 @@ class LudoTable:
         else:
             self._kid[pos] = self._othello.add_edge(a, b, bit, tree)
 
+    def _roomiest(self, key: int, sig0: int, b0: int, b1: int) -> int:
+        """A candidate bucket with room, preferring one whose seed needs no change."""
+        fill, seeds, keys = self._fill, self._seeds, self._keys
+        for b in (b0, b1):
+            if fill[b] < 4:
+                seed = seeds[b]
+                if seed < SEEDS_PER_WORD and keys[(b << 2) | ((sig0 >> (seed << 1)) & 3)] < 0:
+                    return b
+        return b0 if fill[b0] < 4 else b1
+
     def _place(
-        self, bucket: int, key: int, value: int, fp: int, alt: int, kid: int = _EMPTY
+        self,
+        bucket: int,
+        key: int,
+        value: int,
+        fp: int,
+        alt: int,
+        kid: int = _EMPTY,
+        sig0: int = -1,
     ) -> int:
-        """Put a key into a bucket with a free cell, re-seeding it if needed."""
+        """Put a key into a bucket with a free cell, re-seeding it if needed.
+
+        ``sig0`` is the key's slot-hash word 0 when the caller already has it.
+        """
         g = self.geometry
         keys, cells, fps, kids, alts = self._keys, self._cells, self._fps, self._kid, self._alt
         base = bucket << 2
@@ -301,7 +320,11 @@ class LudoTable:
         self._dirty.add(bucket)
         # Keep the bucket's seed when the new key's cell under it is free: one hash
         # instead of a seed search, and only one cell of the bucket changes.
-        pos = base + g.slot(key, self._seeds[bucket])
+        seed = self._seeds[bucket]
+        if sig0 >= 0 and seed < SEEDS_PER_WORD:
+            pos = base + ((sig0 >> (seed << 1)) & 3)
+        else:
+            pos = base + g.slot(key, seed)
         if keys[pos] == _EMPTY:
             keys[pos], cells[pos], fps[pos], kids[pos], alts[pos] = key, value, fp, kid, alt
             return pos
