@@ -143,7 +143,9 @@ class ImageHeader:
         return cls(kind, geometry, count, fields[16], fields[17])
 
 
-def seal(buffer: bytearray, kind: int, geometry: TableGeometry, count: int, end: int) -> bytes:
+def seal(
+    buffer: bytearray | memoryview, kind: int, geometry: TableGeometry, count: int, end: int
+) -> bytes:
     """Bytes of ``buffer[:end]`` with a fresh header (sizes and payload checksum)."""
     payload = memoryview(buffer)[HEADER_SIZE:end]
     header = ImageHeader(kind, geometry, count, len(payload), zlib.crc32(payload))

@@ -562,6 +562,13 @@ class LudoTable:
         layout = self._layout
         return seal(buf, ImageKind.MAINTENANCE, self.geometry, self.count, layout.maintenance_end)
 
+    def snapshot_parts(self) -> tuple[bytes, bytes]:
+        """The sealed view image and the raw key array: the two halves of a snapshot.
+
+        Stored apart, an edge fetches only the view half; a maintenance unit needs both.
+        """
+        return self.view_image(), self._keys.tobytes()
+
     @classmethod
     def restore(
         cls,
@@ -572,16 +579,46 @@ class LudoTable:
     ) -> LudoTable:
         """Rebuild a table from :meth:`snapshot` bytes; refuse corrupt or foreign data."""
         header = open_image(data, ImageKind.MAINTENANCE)
+        layout = layout_of(header.geometry)
+        keys = np.frombuffer(data, np.int64, header.geometry.n_cells, layout.keys)
+        view = memoryview(data)[: layout.view_end]
+        return cls._restore(header.geometry, header.count, view, keys, load_limit, rng)
+
+    @classmethod
+    def from_parts(
+        cls,
+        view_image: bytes | bytearray | memoryview,
+        keys: bytes | bytearray | memoryview,
+        *,
+        load_limit: float = DEFAULT_LOAD_LIMIT,
+        rng: random.Random | None = None,
+    ) -> LudoTable:
+        """Rebuild a table from :meth:`snapshot_parts`; refuse corrupt or mismatched halves."""
+        header = open_image(view_image, ImageKind.VIEW)
         g = header.geometry
+        if len(keys) != 8 * g.n_cells:
+            raise SnapshotError(
+                f"key array has {len(keys)} bytes, the view's geometry needs {8 * g.n_cells}"
+            )
+        key_arr = np.frombuffer(keys, np.int64)
+        return cls._restore(g, header.count, memoryview(view_image), key_arr, load_limit, rng)
+
+    @classmethod
+    def _restore(
+        cls,
+        g: TableGeometry,
+        count: int,
+        view: memoryview,
+        keys: NDArray[np.int64],
+        load_limit: float,
+        rng: random.Random | None,
+    ) -> LudoTable:
         table = cls(g, load_limit=load_limit, rng=rng)
         layout = table._layout
-        table._buf[:] = bytes(memoryview(data)[: layout.view_end])
-        keys = np.frombuffer(data, np.int64, g.n_cells, layout.keys)
+        table._buf[:] = bytes(view[: layout.view_end])
         occ = np.flatnonzero(keys >= 0)
-        if len(occ) != header.count:
-            raise SnapshotError(
-                f"snapshot holds {len(occ)} keys but its header says {header.count}"
-            )
+        if len(occ) != count:
+            raise SnapshotError(f"snapshot holds {len(occ)} keys but its header says {count}")
         table._keys = array("q", keys.tobytes())
         table._alt = _alt_array(g, keys)
         table._fill = bytearray(np.bincount(occ >> 2, minlength=g.nb).astype(np.uint8).tobytes())
@@ -600,7 +637,7 @@ class LudoTable:
         # Bits of a forest are unique only up to one flip per tree: keep the stored ones
         # so the restored table stays byte-identical to the views built from it, after
         # checking that they classify every key right.
-        stored = np.frombuffer(data, np.uint64, g.n_words, layout.words)
+        stored = np.frombuffer(view, np.uint64, g.n_words, layout.words)
         bits_of = np.unpackbits(stored.view(np.uint8), bitorder="little")
         if np.any((bits_of[ia] ^ bits_of[ib]) != (bucket != b0)):
             raise SnapshotError("snapshot locator bits do not match its keys")

@@ -38,9 +38,27 @@ class LudoView:
     def __init__(self, image: bytes | bytearray | memoryview) -> None:
         """Load a sealed view image (a snapshot or a reload patch), verifying it."""
         header = open_image(image, ImageKind.VIEW)
-        self._buf = bytearray(image)
+        self._buf: bytearray | memoryview = bytearray(image)
         self._bind(header.geometry)
         self.count_hint = header.count
+
+    @classmethod
+    def attach(cls, buffer: memoryview | bytearray) -> LudoView:
+        """Wrap a writable buffer that already holds a view image, without copying.
+
+        Used for shared memory: the header is checked (magic, sizes, its own checksum)
+        but not the payload, which the writer keeps changing.
+        """
+        header = ImageHeader.unpack(buffer)
+        if header.kind != ImageKind.VIEW:
+            raise SnapshotError(f"buffer does not hold a view image (kind {header.kind})")
+        if len(buffer) < layout_of(header.geometry).view_end:
+            raise SnapshotError("buffer is shorter than its view image")
+        view = cls.__new__(cls)
+        view._buf = buffer
+        view._bind(header.geometry)
+        view.count_hint = header.count
+        return view
 
     @classmethod
     def empty(cls, geometry: TableGeometry) -> LudoView:
