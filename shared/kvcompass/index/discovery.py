@@ -83,7 +83,7 @@ class DiscoveryIndex:
             old = table.get(key)
             new = with_tier(old, field, tier)
             if new != old:
-                table._put(key, new)
+                table.write(key, new)
 
     def take_patches(self) -> dict[TableKey, TablePatch]:
         """Patches of every table written since the last call."""

@@ -168,6 +168,10 @@ class LudoTable:
         self._put(key, value)
         return self.take_patch()
 
+    def write(self, key: int, value: int) -> None:
+        """Set a key's value (0 removes it) without taking the patch yet."""
+        self._put(key, value)
+
     def put_many(
         self, keys: Iterable[int] | NDArray[np.uint64], values: Iterable[int] | NDArray[np.uint64]
     ) -> TablePatch:
