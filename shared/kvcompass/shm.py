@@ -20,6 +20,7 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
+from pathlib import Path
 
 from kvcompass.index.errors import SnapshotError
 from kvcompass.index.image import ImageHeader, layout_of
@@ -43,9 +44,16 @@ def _ctl_size(n_shards: int, n_tables: int) -> int:
     return _HEAD.size + n_shards * _SHARD.size + n_shards * n_tables * _TABLE.size
 
 
+#: Segments this process created (a writer here owns them and their tracking).
+_CREATED_HERE: set[str] = set()
+
+
 def _untrack(shm: shared_memory.SharedMemory) -> None:
     # Python's resource tracker would unlink a segment when the *attaching* process
-    # exits; only the writer owns segment lifetimes.
+    # exits; only the writer owns segment lifetimes. A reader in the writer's own
+    # process must leave the writer's registration alone.
+    if shm.name in _CREATED_HERE:
+        return
     with contextlib.suppress(KeyError, AttributeError):
         resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
 
@@ -78,7 +86,9 @@ class SharedIndexWriter:
         self.prefix = prefix
         self._layout = _Layout(n_shards, n_tables)
         size = _ctl_size(n_shards, n_tables)
+        _remove_stale(prefix)
         self._ctl = shared_memory.SharedMemory(f"{prefix}-ctl", create=True, size=size)
+        _CREATED_HERE.add(self._ctl.name)
         _buf(self._ctl)[:size] = bytes(size)
         _HEAD.pack_into(_buf(self._ctl), 0, _MAGIC, n_shards, n_tables)
         self._counters = [
@@ -106,6 +116,7 @@ class SharedIndexWriter:
         self._nonce += 1
         name = f"{self.prefix}-s{shard}t{table}g{header.geometry.generation}n{self._nonce}"
         seg = shared_memory.SharedMemory(name, create=True, size=len(image))
+        _CREATED_HERE.add(seg.name)
         _buf(seg)[: len(image)] = image
         view = LudoView.attach(_buf(seg)[: len(image)])
         self._begin(shard)
@@ -238,6 +249,24 @@ class SharedIndexReader:
                 return value
         raise TornRead(f"shard {shard}: writer kept the sequence lock busy")
 
+    def image(self, shard: int, table: int) -> bytes:
+        """A consistent copy of a table's view image (for audits and tests)."""
+        counter = self._counters[shard]
+        for _ in range(_MAX_RETRIES):
+            before = counter[0]
+            if before & 1:
+                continue
+            try:
+                view = self._view(shard, table)
+                data = view.raw_image()
+            except (OSError, ValueError, IndexError):
+                if counter[0] == before:
+                    raise
+                continue
+            if counter[0] == before:
+                return data
+        raise TornRead(f"shard {shard}: writer kept the sequence lock busy")
+
     def close(self) -> None:
         self._views.clear()
         self._counters.clear()
@@ -246,6 +275,16 @@ class SharedIndexReader:
                 seg.close()
         self._segments.clear()
         self._ctl.close()
+
+
+def _remove_stale(prefix: str) -> None:
+    """Unlink segments a killed writer with the same prefix left behind (Linux /dev/shm)."""
+    shm_dir = Path("/dev/shm")
+    if not shm_dir.is_dir():  # pragma: no cover - other platforms
+        return
+    for path in shm_dir.glob(f"{prefix}-*"):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
 
 
 def default_prefix() -> str:

@@ -125,6 +125,10 @@ class LudoView:
         """This view as a sealed image (a snapshot an edge can bootstrap from)."""
         return seal(self._buf, ImageKind.VIEW, self.geometry, count, self._layout.view_end)
 
+    def raw_image(self) -> bytes:
+        """The buffer's bytes as they are (header not refreshed, no checksum)."""
+        return bytes(self._buf[: self._layout.view_end])
+
     # -- patches -------------------------------------------------------------------
 
     def apply(self, patch: TablePatch) -> None:

@@ -1,0 +1,40 @@
+"""Settings of an edge replayer (``KVC_*`` environment variables)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvcompass.settings import ClusterSettings, setting
+
+__all__ = ["EdgeSettings"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class EdgeSettings(ClusterSettings):
+    """Where the views live and how the patch stream is replayed."""
+
+    topology: str = setting(
+        "testbed-3region", "Built-in topology name or path of a topology TOML file."
+    )
+    shm_prefix: str = setting("kvc-edge", "Name prefix of the shared-memory segments.")
+    snapshot_prefix: str = setting("kvc:snap", "Redis key prefix of shard snapshots.")
+    bootstrap_retry_s: float = setting(
+        0.2, "Seconds between attempts to load a shard that has no snapshot yet."
+    )
+    fault_drop: float = setting(0.0, "Fault injection: probability to drop a patch batch.")
+    fault_duplicate: float = setting(
+        0.0, "Fault injection: probability to apply a patch batch twice."
+    )
+    fault_reorder: float = setting(
+        0.0, "Fault injection: probability to swap a patch batch with the next one."
+    )
+    fault_seed: int = setting(0, "Seed of the fault-injection random stream.")
+    metrics_port: int = setting(0, "Prometheus metrics port on 127.0.0.1; 0 = off.")
+
+    def validate(self) -> None:
+        super().validate()
+        for name in ("fault_drop", "fault_duplicate", "fault_reorder"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise self.invalid(name, "must be a probability in [0, 1)")
+        if self.bootstrap_retry_s <= 0:
+            raise self.invalid("bootstrap_retry_s", "must be positive")
