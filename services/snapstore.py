@@ -74,11 +74,14 @@ class SnapshotStore:
         vkey = self.current(shard)
         return None if vkey is None else self.load_version(vkey, with_keys=with_keys)
 
-    def load_version(self, vkey: str, *, with_keys: bool = True) -> ShardSnapshot:
+    def load_meta(self, vkey: str) -> SnapshotMeta:
         raw_meta = cast(bytes | None, self._r.get(f"{vkey}:meta"))
         if raw_meta is None:
             raise SnapshotError(f"snapshot {vkey} is gone (superseded twice?)")
-        meta = SnapshotMeta.from_bytes(raw_meta)
+        return SnapshotMeta.from_bytes(raw_meta)
+
+    def load_version(self, vkey: str, *, with_keys: bool = True) -> ShardSnapshot:
+        meta = self.load_meta(vkey)
         tables = sorted(meta.generations)
         pipe = self._r.pipeline(transaction=False)
         for t in tables:

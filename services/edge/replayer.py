@@ -100,6 +100,7 @@ class EdgeReplayer:
         self._m_lag = Gauge("kvc_edge_lag_ms", "Age of the newest applied batch.", registry=r)
         self._assigned = False
         self._resume_at: dict[int, int] = {}
+        self._last_activity = time.monotonic()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -118,6 +119,11 @@ class EdgeReplayer:
                 self._idle = not messages
                 for message in self._with_faults(messages):
                     self._handle(message)
+                if messages:
+                    self._last_activity = time.monotonic()
+                elif time.monotonic() - self._last_activity >= self.settings.snapshot_check_s:
+                    self._check_against_snapshots()
+                    self._last_activity = time.monotonic()
         finally:
             self._consumer.close()
 
@@ -179,6 +185,16 @@ class EdgeReplayer:
             patches_offset=meta.patches_offset,
         )
         return True
+
+    def _check_against_snapshots(self) -> None:
+        """Reload every shard whose Redis snapshot is ahead of its view (anti-entropy)."""
+        for shard, s in enumerate(self._shards):
+            vkey = self._store.current(shard)
+            if vkey is None:
+                continue
+            meta = self._store.load_meta(vkey)
+            if (meta.epoch, meta.next_seq) > (s.epoch, s.next_seq):
+                self._resync(shard, f"snapshot at {meta.epoch}/{meta.next_seq} is ahead")
 
     def _resync(self, shard: int, why: str) -> None:
         s = self._shards[shard]

@@ -21,6 +21,12 @@ class EdgeSettings(ClusterSettings):
     bootstrap_retry_s: float = setting(
         0.2, "Seconds between attempts to load a shard that has no snapshot yet."
     )
+    snapshot_check_s: float = setting(
+        2.0,
+        "When the stream is idle this long, compare each shard with its Redis snapshot "
+        "and reload shards that fell behind (a lost final batch has no successor to "
+        "reveal the gap).",
+    )
     fault_drop: float = setting(0.0, "Fault injection: probability to drop a patch batch.")
     fault_duplicate: float = setting(
         0.0, "Fault injection: probability to apply a patch batch twice."
@@ -36,5 +42,7 @@ class EdgeSettings(ClusterSettings):
         for name in ("fault_drop", "fault_duplicate", "fault_reorder"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise self.invalid(name, "must be a probability in [0, 1)")
+        if self.snapshot_check_s <= 0:
+            raise self.invalid("snapshot_check_s", "must be positive")
         if self.bootstrap_retry_s <= 0:
             raise self.invalid("bootstrap_retry_s", "must be positive")

@@ -136,6 +136,7 @@ class MaintenanceUnit:
             state.next_seq = 0
             self._store.save(state.snapshot(time.time_ns()))
             self.owned[tp.partition] = _Owned(state)
+            self._announce_epoch(state)
             tp.offset = state.events_offset + 1
             log.info(
                 "shard_assigned",
@@ -146,6 +147,20 @@ class MaintenanceUnit:
             )
         consumer.assign(partitions)
         self.metrics.owned_shards.set(len(self.owned))
+
+    def _announce_epoch(self, state: ShardState) -> None:
+        """Batch 0 of a new epoch, without tables: edges reload the shard right away
+        instead of at its next write (an idle shard might have none for a long time)."""
+        batch = PatchBatch(
+            shard=state.shard,
+            epoch=state.epoch,
+            seq=state.next_seq,
+            events_from=state.events_offset + 1,
+            events_to=state.events_offset,
+            produced_at_ns=time.time_ns(),
+        )
+        self._producer.produce(self.settings.topic_patches, encode(batch), partition=state.shard)
+        state.next_seq += 1
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
@@ -241,8 +256,10 @@ class MaintenanceUnit:
         state = owned.state
         flush = state.flush()
         owned.pending_keys = 0
-        if flush is None or not flush.tables:
+        if flush is None:
             return
+        # A batch without tables still tells edges (and lag monitors) how far this unit
+        # has read kvc.events.
         seq = state.next_seq
         state.next_seq = seq + 1
         reload_key = self._snapshot_for_reload(shard, flush) if flush.reloads else None
