@@ -1,0 +1,258 @@
+"""A KVCompass pipeline on one machine: unique topics, MU and edge processes.
+
+Used by the integration tests and ``bench/pipeline.py``. Every instance gets its own
+topic names, consumer group, Redis snapshot prefix and shared-memory prefix, so several
+can share one broker and one Redis.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import redis
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from kvcompass.services.infra import TopicSpec, create_topics
+from kvcompass.services.snapstore import SnapshotStore
+from kvcompass.shm import SharedIndexReader
+from kvcompass.wire import PatchBatch, decode
+
+__all__ = ["LocalCluster", "poll_until"]
+
+T = TypeVar("T")
+
+
+def poll_until(
+    predicate: Callable[[], T | None],
+    timeout: float,
+    message: str,
+    interval: float = 0.01,
+) -> T:
+    """Poll ``predicate`` until it returns something truthy; AssertionError at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{message} not met within {timeout:g} s (last: {value!r})")
+        time.sleep(interval)
+
+
+class LocalCluster:
+    def __init__(
+        self,
+        kafka_bootstrap: str,
+        redis_url: str,
+        log_dir: Path,
+        *,
+        shards: int,
+        topology: str,
+        initial_capacity: int = 65_536,
+    ) -> None:
+        self.kafka_bootstrap = kafka_bootstrap
+        self.redis_url = redis_url
+        self.log_dir = log_dir
+        self.shards = shards
+        self.topology_ref = topology
+        self.initial_capacity = initial_capacity
+        self.tag = uuid.uuid4().hex[:8]
+        self.events_topic = f"kvc.{self.tag}.events"
+        self.patches_topic = f"kvc.{self.tag}.patches"
+        self.dlq_topic = f"kvc.{self.tag}.dlq"
+        self.queues_topic = f"kvc.{self.tag}.queues"
+        create_topics(
+            kafka_bootstrap,
+            [
+                TopicSpec(self.events_topic, shards),
+                TopicSpec(self.patches_topic, shards),
+                TopicSpec(self.dlq_topic, 1),
+                TopicSpec(self.queues_topic, 1),
+            ],
+            timeout=10.0,
+        )
+        self.shm_prefix = f"kvc{self.tag}"
+        self.snapshot_prefix = f"kvc:{self.tag}:snap"
+        self.store = SnapshotStore(redis.Redis.from_url(redis_url), self.snapshot_prefix)
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.last_event_offset: dict[int, int] = {}
+        self.producer = Producer(
+            {"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True, "linger.ms": 2}
+        )
+
+    # -- processes ---------------------------------------------------------------------
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            {
+                "KVC_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
+                "KVC_REDIS_URL": self.redis_url,
+                "KVC_SHARDS": str(self.shards),
+                "KVC_TOPIC_EVENTS": self.events_topic,
+                "KVC_TOPIC_PATCHES": self.patches_topic,
+                "KVC_TOPIC_EVENTS_DLQ": self.dlq_topic,
+                "KVC_TOPIC_QUEUES": self.queues_topic,
+                "KVC_TOPOLOGY": self.topology_ref,
+                "KVC_SNAPSHOT_PREFIX": self.snapshot_prefix,
+                "KVC_SHM_PREFIX": self.shm_prefix,
+                "KVC_GROUP_ID": f"kvc-{self.tag}",
+                "KVC_INITIAL_CAPACITY": str(self.initial_capacity),
+            }
+        )
+        env.update(extra)
+        return env
+
+    def start(
+        self, module: str, name: str, ready_text: str, **extra: str
+    ) -> subprocess.Popen[bytes]:
+        with open(self.log_dir / f"{name}.log", "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", f"kvcompass.services.{module}"],
+                env=self.env(**extra),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.processes.append(proc)
+        self.wait_log(name, ready_text, proc)
+        return proc
+
+    def start_mu(self, name: str = "mu", **extra: str) -> subprocess.Popen[bytes]:
+        """A maintenance unit, once it handles signals and consumes."""
+        return self.start("maintenance", name, "mu_started", **extra)
+
+    def start_edge(self, name: str = "edge", **extra: str) -> subprocess.Popen[bytes]:
+        return self.start("edge", name, "edge_settings", **extra)
+
+    def wait_log(self, name: str, text: str, proc: subprocess.Popen[bytes]) -> None:
+        path = self.log_dir / f"{name}.log"
+
+        def logged() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"{name} exited early:\n{path.read_text()[-3000:]}")
+            return text in path.read_text()
+
+        poll_until(logged, 60, f"{text!r} in {name}.log")
+
+    def wait_assigned(self, *names: str, timeout: float = 60.0) -> None:
+        """Until the named MUs together own every shard, each at least one.
+
+        Stopping a member whose group join is still pending can stall the group for
+        about a minute on this broker (research/infra.md).
+        """
+
+        def assigned() -> bool:
+            counts = [
+                (self.log_dir / f"{n}.log").read_text().count('"shard_assigned"') for n in names
+            ]
+            return all(counts) and sum(counts) >= self.shards
+
+        poll_until(assigned, timeout, f"shards assigned to {names}")
+
+    def stop(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> int:
+        proc.send_signal(sig)
+        return proc.wait(timeout=60)
+
+    def close(self) -> None:
+        for proc in self.processes:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+        self.producer.flush(5)
+
+    # -- events --------------------------------------------------------------------------
+
+    def send(self, shard: int, data: bytes) -> None:
+        """Produce one encoded event batch to its shard's partition, tracking offsets."""
+
+        def delivered(err: object, msg: object) -> None:
+            if err is not None:
+                raise RuntimeError(f"event delivery failed: {err}")
+            offset = msg.offset()  # type: ignore[attr-defined]
+            self.last_event_offset[shard] = max(self.last_event_offset.get(shard, -1), offset)
+
+        self.producer.produce(self.events_topic, data, partition=shard, on_delivery=delivered)
+
+    # -- progress ----------------------------------------------------------------------
+
+    def wait_mu_caught_up(self, timeout: float = 90.0) -> dict[int, tuple[int, int]]:
+        """Until the patch stream covers every event offset produced so far.
+
+        Returns, per shard, the (epoch, seq) of the batch that covered it last.
+        """
+        self.producer.flush(30)
+        want = dict(self.last_event_offset)
+        covered: dict[int, int] = {}
+        last: dict[int, tuple[int, int]] = {}
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.kafka_bootstrap,
+                "group.id": f"kvc-watch-{uuid.uuid4().hex[:6]}",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 10,
+            }
+        )
+        consumer.assign([TopicPartition(self.patches_topic, s, 0) for s in range(self.shards)])
+
+        def caught_up() -> bool:
+            for message in consumer.consume(500, 0.1):
+                if message.error() is None:
+                    batch = decode(message.value() or b"", PatchBatch)
+                    covered[batch.shard] = max(covered.get(batch.shard, -1), batch.events_to)
+                    last[batch.shard] = max(
+                        last.get(batch.shard, (-1, -1)), (batch.epoch, batch.seq)
+                    )
+            return all(covered.get(s, -1) >= off for s, off in want.items())
+
+        try:
+            poll_until(caught_up, timeout, f"patches covering {want}")
+        finally:
+            consumer.close()
+        return last
+
+    def snapshot_positions(self, timeout: float = 60.0) -> dict[int, tuple[int, int]]:
+        """(epoch, last seq) of every shard's current snapshot, once all exist."""
+
+        def positions() -> dict[int, tuple[int, int]] | None:
+            out = {}
+            for shard in range(self.shards):
+                vkey = self.store.current(shard)
+                if vkey is None:
+                    return None
+                meta = self.store.load_meta(vkey)
+                out[shard] = (meta.epoch, meta.next_seq - 1)
+            return out
+
+        return poll_until(positions, timeout, "snapshots of all shards")
+
+    def edge_position(self) -> dict[int, tuple[int, int]] | None:
+        """(epoch, seq) the edge has applied per shard, None until it is up."""
+        try:
+            reader = SharedIndexReader(self.shm_prefix)
+        except FileNotFoundError:
+            return None
+        try:
+            out = {}
+            for s in range(self.shards):
+                seq, epoch, ready = reader.position(s)
+                if not ready:
+                    return None
+                out[s] = (epoch, seq)
+            return out
+        finally:
+            reader.close()
+
+    def wait_edge_at(self, target: dict[int, tuple[int, int]], timeout: float = 60.0) -> None:
+        def reached() -> bool:
+            pos = self.edge_position()
+            return pos is not None and all(pos[s] >= t for s, t in target.items())
+
+        poll_until(reached, timeout, f"edge at {target}")

@@ -1,0 +1,127 @@
+"""The test cluster: a LocalCluster plus publishers and a reference model of the events."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from kvcompass.index import LudoTable
+from kvcompass.index.image import HEADER_SIZE, ImageHeader
+from kvcompass.index.layout import IndexLayout, Tier
+from kvcompass.keys import Namespace, shard_of
+from kvcompass.levels import plan_levels
+from kvcompass.loadgen.localcluster import LocalCluster
+from kvcompass.publisher import EventPublisher
+from kvcompass.shm import SharedIndexReader
+from kvcompass.topology import load_topology
+from kvcompass.wire import EventKind, KVEventBatch
+
+N_SHARDS = 3
+NS = Namespace("itest-model")
+
+# The testbed topology with 16 fingerprint bits, so absent keys read 0 at the edge too.
+TOPOLOGY_TOML = Path(__file__).parent / "testbed-fp16.toml"
+
+
+class Cluster(LocalCluster):
+    """Everything one test needs, isolated from other tests by unique names."""
+
+    def __init__(self, kafka_bootstrap: str, redis_url: str, log_dir: Path) -> None:
+        super().__init__(
+            kafka_bootstrap,
+            redis_url,
+            log_dir,
+            shards=N_SHARDS,
+            topology=str(TOPOLOGY_TOML),
+            initial_capacity=64,  # small tables: growth happens in the tests
+        )
+        self.topology = load_topology(TOPOLOGY_TOML)
+        self.layout = IndexLayout.from_topology(self.topology)
+        self.plan = plan_levels(self.topology)
+        self.reference: dict[tuple[int, int], dict[int, int]] = {}
+        self.publishers = {
+            w.id: EventPublisher(w, self.plan, NS, N_SHARDS, self.send, first_seq=0)
+            for w in self.topology.workers
+        }
+
+    # -- events and the reference ------------------------------------------------------
+
+    def publish(self, worker_id: str, kind: EventKind, tokens: np.ndarray, tier: Tier) -> None:
+        batches = self.publishers[worker_id].publish(kind, tokens, tier)
+        self._record(worker_id, batches)
+        self.producer.poll(0)
+
+    def _record(self, worker_id: str, batches: Iterable[KVEventBatch]) -> None:
+        worker = self.topology.worker(worker_id)
+        table_id, _ = self.layout.slots[worker.index]
+        for batch in batches:
+            for event in batch.events:
+                for _, key in event.keys:
+                    holders = self.reference.setdefault((table_id, key), {})
+                    if event.kind == EventKind.EVICT:
+                        holders.pop(worker.index, None)
+                    else:
+                        holders[worker.index] = int(event.tier)
+
+    def random_traffic(
+        self, rng: np.random.Generator, n_events: int, prompts: list[np.ndarray]
+    ) -> None:
+        """Admits, tier changes and evictions by random workers of random prompts."""
+        workers = [w.id for w in self.topology.workers]
+        for _ in range(n_events):
+            worker = workers[int(rng.integers(len(workers)))]
+            prompt = prompts[int(rng.integers(len(prompts)))]
+            roll = rng.random()
+            if roll < 0.55:
+                self.publish(worker, EventKind.ADMIT, prompt, Tier.VRAM)
+            elif roll < 0.8:
+                self.publish(worker, EventKind.TIER, prompt, Tier.DRAM)
+            else:
+                self.publish(worker, EventKind.EVICT, prompt, Tier.ABSENT)
+        self.producer.flush(30)
+
+    def expected(self, table_id: int, key: int) -> int:
+        value = 0
+        for worker, tier in self.reference.get((table_id, key), {}).items():
+            value |= tier << (2 * self.layout.slots[worker][1])
+        return value
+
+    # -- checks ------------------------------------------------------------------------
+
+    def assert_edge_matches(self) -> int:
+        """Edge views equal the MU's final snapshot byte for byte, and both equal the
+        reference model for every key the events touched. Returns keys checked."""
+        reader = SharedIndexReader(self.shm_prefix)
+        try:
+            checked = 0
+            for shard in range(N_SHARDS):
+                snap = self.store.load(shard)
+                assert snap is not None
+                for table_id, image in snap.views.items():
+                    edge = reader.image(shard, table_id)
+                    assert ImageHeader.unpack(edge).geometry == ImageHeader.unpack(image).geometry
+                    assert edge[HEADER_SIZE:] == image[HEADER_SIZE:], (shard, table_id)
+                tables = {t: LudoTable.from_parts(snap.views[t], snap.keys[t]) for t in snap.views}
+                for table_id, key in self.reference:
+                    if shard_of(key, N_SHARDS) != shard:
+                        continue
+                    want = self.expected(table_id, key)
+                    assert tables[table_id].get(key) == want, (shard, table_id, key)
+                    if want:
+                        assert reader.lookup(shard, table_id, key) == want
+                    checked += 1
+            return checked
+        finally:
+            reader.close()
+
+
+def prompts(rng: np.random.Generator, n: int, shared_prefix: int = 2048) -> list[np.ndarray]:
+    """Prompts in families sharing a system prompt, long enough to reach remote levels."""
+    families = [rng.integers(0, 60_000, shared_prefix, dtype=np.uint32) for _ in range(8)]
+    out = []
+    for i in range(n):
+        tail = rng.integers(0, 60_000, int(rng.integers(200, 5000)), dtype=np.uint32)
+        out.append(np.concatenate([families[i % len(families)], tail]))
+    return out

@@ -1,0 +1,168 @@
+"""The event-sourced pipeline end to end, against the real broker and Redis.
+
+Workers' events go to kvc.events; maintenance units (real processes) apply them and
+publish patches; an edge replayer (a real process) keeps shared-memory views. Every test
+ends by checking that the edge views equal the maintenance unit's final snapshot byte
+for byte and that both answer every key the events touched as an independent reference
+model of the same events does.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from subprocess import Popen
+
+import numpy as np
+import pytest
+from _pipeline import N_SHARDS, Cluster, prompts
+from confluent_kafka import Consumer, TopicPartition
+
+from kvcompass.loadgen.localcluster import poll_until
+from kvcompass.services.infra import RunningInfra
+from kvcompass.wire import DeadLetter, decode
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def cluster(infra: RunningInfra, tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(infra.kafka_bootstrap, infra.redis_url, tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def _finish(cluster: Cluster, mu_procs: list[Popen[bytes]], edge: Popen[bytes]) -> int:
+    """Drain the MUs (SIGTERM: final snapshots), wait for the edge, compare everything."""
+    cluster.wait_mu_caught_up()
+    for proc in mu_procs:
+        assert cluster.stop(proc) == 0, "maintenance unit did not drain cleanly"
+    target = cluster.snapshot_positions()
+    cluster.wait_edge_at(target)
+    checked = cluster.assert_edge_matches()
+    assert cluster.stop(edge) == 0
+    return checked
+
+
+def test_publishers_to_edge_views(cluster: Cluster) -> None:
+    rng = np.random.default_rng(11)
+    mu = cluster.start_mu()
+    edge = cluster.start_edge()
+    cluster.random_traffic(rng, 600, prompts(rng, 150))
+    checked = _finish(cluster, [mu], edge)
+    assert checked == len(cluster.reference) > 800
+
+
+@pytest.mark.parametrize("kill_after", [(120, 300), (40, 500)])
+def test_mu_killed_mid_stream_loses_nothing_and_applies_nothing_twice(
+    cluster: Cluster, kill_after: tuple[int, int]
+) -> None:
+    rng = np.random.default_rng(kill_after[0])
+    family = prompts(rng, 120)
+    edge = cluster.start_edge()
+    mu = cluster.start_mu("mu-1")
+    cluster.random_traffic(rng, kill_after[0], family)
+    cluster.stop(mu, signal.SIGKILL)
+    mu = cluster.start_mu("mu-2")
+    cluster.random_traffic(rng, kill_after[1], family)
+    cluster.stop(mu, signal.SIGKILL)
+    cluster.random_traffic(rng, 100, family)  # published while no MU runs
+    mu = cluster.start_mu("mu-3")
+    _finish(cluster, [mu], edge)
+
+
+def test_second_mu_takes_over_when_one_leaves(cluster: Cluster) -> None:
+    rng = np.random.default_rng(5)
+    family = prompts(rng, 120)
+    edge = cluster.start_edge()
+    first = cluster.start_mu("mu-a")
+    second = cluster.start_mu("mu-b")
+    cluster.wait_assigned("mu-a", "mu-b")
+    cluster.random_traffic(rng, 300, family)
+    assert cluster.stop(first) == 0  # leaves the group; its shards move to mu-b
+    cluster.random_traffic(rng, 300, family)
+    _finish(cluster, [second], edge)
+
+
+def test_edge_restart_bootstraps_from_redis_and_catches_up(cluster: Cluster) -> None:
+    rng = np.random.default_rng(8)
+    family = prompts(rng, 120)
+    mu = cluster.start_mu()
+    edge = cluster.start_edge("edge-1")
+    cluster.random_traffic(rng, 250, family)
+    cluster.stop(edge, signal.SIGKILL)
+    cluster.random_traffic(rng, 250, family)
+    edge = cluster.start_edge("edge-2")
+    cluster.random_traffic(rng, 100, family)
+    _finish(cluster, [mu], edge)
+
+
+def test_faulty_patch_stream_triggers_resync(cluster: Cluster) -> None:
+    rng = np.random.default_rng(3)
+    mu = cluster.start_mu(KVC_SNAPSHOT_INTERVAL_S="1")
+    edge = cluster.start_edge(
+        KVC_FAULT_DROP="0.05", KVC_FAULT_DUPLICATE="0.1", KVC_FAULT_REORDER="0.05"
+    )
+    cluster.wait_assigned("mu")
+    family = prompts(rng, 120)
+    for _ in range(12):  # chunks, so the stream has many batches to disturb
+        cluster.random_traffic(rng, 40, family)
+        cluster.wait_mu_caught_up()
+    _finish(cluster, [mu], edge)
+    log = (cluster.log_dir / "edge.log").read_text()
+    assert "shard_resync" in log, "faults were injected but no resync happened"
+
+
+def test_garbage_events_go_to_the_dead_letter_topic(cluster: Cluster) -> None:
+    rng = np.random.default_rng(9)
+    mu = cluster.start_mu()
+    edge = cluster.start_edge()
+    cluster.random_traffic(rng, 100, prompts(rng, 60))
+    garbage = [
+        b"",
+        b"\x00\x01\x02 not msgpack",
+        b"\x81\xa1t\xa9kv_events",  # a map with a tag but no version
+        bytes(range(256)),
+        # valid msgpack, wrong message type
+        b"\x83\xa1t\xabdead_letter\xa1v\x92\x01\x00\xa2tp\xa1x",
+    ]
+    for i, payload in enumerate(garbage):
+        cluster.producer.produce(cluster.events_topic, payload, partition=i % N_SHARDS)
+    # A well-formed batch from a worker that does not exist.
+    from kvcompass.index.layout import Tier
+    from kvcompass.wire import EventKind, KVEvent, KVEventBatch, encode
+
+    stranger = KVEventBatch("ghost-7", "us", 1, 0, 0, (KVEvent(EventKind.ADMIT, Tier.VRAM, ()),))
+    cluster.producer.produce(cluster.events_topic, encode(stranger), partition=0)
+    cluster.producer.flush(30)
+    cluster.random_traffic(rng, 100, prompts(rng, 60))
+    _finish(cluster, [mu], edge)
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster.kafka_bootstrap,
+            "group.id": f"dlq-reader-{cluster.tag}",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 10,
+        }
+    )
+    consumer.assign([TopicPartition(cluster.dlq_topic, 0, 0)])
+    letters: list[DeadLetter] = []
+
+    def all_letters() -> bool:
+        for message in consumer.consume(100, 0.2):
+            if message.error() is None:
+                letters.append(decode(message.value() or b"", DeadLetter))
+        return len(letters) >= len(garbage) + 1
+
+    try:
+        poll_until(all_letters, 30, "dead letters")
+    finally:
+        consumer.close()
+    assert len(letters) == len(garbage) + 1
+    assert sorted(letter.payload for letter in letters) == sorted([*garbage, encode(stranger)])
+    assert all(letter.reason for letter in letters)
+    assert any("unknown worker" in letter.reason for letter in letters)
