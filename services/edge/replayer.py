@@ -81,7 +81,8 @@ class EdgeReplayer:
                 # Partitions are assigned by hand; the group id is only a client requirement.
                 "group.id": f"kvc-edge-{settings.shm_prefix}",
                 "enable.auto.commit": False,
-                "fetch.wait.max.ms": 10,
+                # The broker holds a fetch for its full wait (research/infra.md).
+                "fetch.wait.max.ms": 2,
                 "fetch.max.bytes": _MAX_MESSAGE,
                 "max.partition.fetch.bytes": _MAX_MESSAGE,
                 "receive.message.max.bytes": _MAX_MESSAGE + 1024 * 1024,
@@ -115,7 +116,8 @@ class EdgeReplayer:
                     if self.stop.wait(self.settings.bootstrap_retry_s):
                         break
                     continue
-                messages = self._consumer.consume(1000, 0.05)
+                # A short timeout: consume() waits for the full count or the timeout.
+                messages = self._consumer.consume(1000, 0.005)
                 self._idle = not messages
                 for message in self._with_faults(messages):
                     self._handle(message)

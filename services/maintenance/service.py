@@ -43,6 +43,10 @@ __all__ = ["MaintenanceUnit"]
 log = structlog.get_logger("kvcompass.mu")
 
 _MAX_MESSAGE = 64 * 1024 * 1024
+_CONSUME_BATCH = 500
+# The broker answers a fetch only when its wait expires, even if data arrived earlier
+# (research/infra.md), so this bounds every hop's latency.
+_FETCH_WAIT_MS = 2
 
 
 @dataclass
@@ -78,7 +82,7 @@ class MaintenanceUnit:
                 "auto.offset.reset": "earliest",
                 "session.timeout.ms": settings.session_timeout_ms,
                 "heartbeat.interval.ms": max(100, settings.session_timeout_ms // 6),
-                "fetch.wait.max.ms": 10,
+                "fetch.wait.max.ms": _FETCH_WAIT_MS,
                 "fetch.max.bytes": _MAX_MESSAGE,
                 "max.partition.fetch.bytes": _MAX_MESSAGE,
                 "receive.message.max.bytes": _MAX_MESSAGE + 1024 * 1024,
@@ -111,10 +115,12 @@ class MaintenanceUnit:
             while not self.stop.is_set():
                 if deadline is not None and time.monotonic() > deadline:
                     break
-                messages = self._consumer.consume(500, s.flush_ms / 1000)
+                messages = self._consumer.consume(_CONSUME_BATCH, s.flush_ms / 1000)
                 for message in messages:
                     self._handle(message)
-                self._maybe_flush()
+                # A short read means the unit is caught up: publish now rather than
+                # wait out the window; under load the window coalesces writes.
+                self._maybe_flush(force=len(messages) < _CONSUME_BATCH)
                 self._maybe_snapshot()
         finally:
             self._drain()
@@ -241,9 +247,9 @@ class MaintenanceUnit:
 
     # -- patches and snapshots -------------------------------------------------------------
 
-    def _maybe_flush(self) -> None:
+    def _maybe_flush(self, force: bool = False) -> None:
         now = time.monotonic()
-        due = (now - self._last_flush) * 1000 >= self.settings.flush_ms
+        due = force or (now - self._last_flush) * 1000 >= self.settings.flush_ms
         for shard, owned in list(self.owned.items()):
             if due or owned.pending_keys >= self.settings.flush_keys:
                 self._flush(shard)

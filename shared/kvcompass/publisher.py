@@ -28,6 +28,11 @@ Send = Callable[[int, bytes], None]
 class EventPublisher:
     """Builds and sends one worker's KV event batches.
 
+    With ``max_buffered_keys`` > 0 the publisher buffers events per shard and sends
+    them as one batch per shard when that many keys are waiting or on :meth:`flush`
+    (call it once per engine step): fewer, larger batches cost the maintenance units
+    much less per key. With 0 (the default) every change is sent at once.
+
     ``first_seq`` defaults to the current time in microseconds, so a restarted worker
     continues above every sequence number it used before (clocks permitting) instead
     of having its new batches dropped as duplicates.
@@ -41,12 +46,16 @@ class EventPublisher:
         n_shards: int,
         send: Send,
         first_seq: int | None = None,
+        max_buffered_keys: int = 0,
     ) -> None:
         self.worker = worker
         self.namespace = namespace
         self.n_shards = n_shards
+        self.max_buffered_keys = max_buffered_keys
         self._lengths = plan.registration_lengths[worker.region]
         self._send = send
+        self._pending: dict[int, list[KVEvent]] = defaultdict(list)
+        self._pending_keys = 0
         self.next_seq = time.time_ns() // 1000 if first_seq is None else first_seq
 
     def admit(self, tokens: TokenIds, tier: Tier = Tier.VRAM) -> list[KVEventBatch]:
@@ -59,23 +68,34 @@ class EventPublisher:
         return self.publish(EventKind.EVICT, tokens, Tier.ABSENT)
 
     def publish(self, kind: EventKind, tokens: TokenIds, tier: Tier) -> list[KVEventBatch]:
-        """Send the change of one cached prefix; returns the batches sent (one per shard)."""
+        """Record the change of one cached prefix; returns the batches sent by this call."""
         keys = prefix_keys(tokens, self._lengths, self.namespace)
         by_shard: dict[int, list[tuple[int, int]]] = defaultdict(list)
         for length, key in keys.items():
             by_shard[shard_of(key, self.n_shards)].append((length, key))
+        for shard, pairs in by_shard.items():
+            self._pending[shard].append(KVEvent(kind, tier, tuple(pairs)))
+        self._pending_keys += len(keys)
+        if self._pending_keys >= self.max_buffered_keys:
+            return self.flush()
+        return []
+
+    def flush(self) -> list[KVEventBatch]:
+        """Send every buffered event: one batch per shard, in shard order."""
         sent = []
         now = time.time_ns()
-        for shard, pairs in sorted(by_shard.items()):
+        for shard in sorted(self._pending):
             batch = KVEventBatch(
                 worker_id=self.worker.id,
                 region=self.worker.region,
                 worker_seq=self.next_seq,
                 shard=shard,
                 sent_at_ns=now,
-                events=(KVEvent(kind, tier, tuple(pairs)),),
+                events=tuple(self._pending[shard]),
             )
             self.next_seq += 1
             self._send(shard, encode(batch))
             sent.append(batch)
+        self._pending.clear()
+        self._pending_keys = 0
         return sent

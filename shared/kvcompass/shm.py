@@ -15,8 +15,10 @@ relies on the writer's stores becoming visible in order, which x86-64 guarantees
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import struct
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
@@ -33,7 +35,8 @@ _MAGIC = b"KVCSHM01"
 _HEAD = struct.Struct("<8sII")  # magic, shards, tables
 _SHARD = struct.Struct("<QqqQ")  # seqlock, applied seq, epoch, ready
 _TABLE = struct.Struct("<Q56s")  # generation, segment name
-_MAX_RETRIES = 10_000
+_SPINS = 64  # busy retries before yielding the CPU to the writer
+_WAIT_LIMIT_S = 5.0  # a reader gives up (TornRead) after the writer held a shard this long
 
 
 class TornRead(RuntimeError):
@@ -174,7 +177,11 @@ class SharedIndexWriter:
 
     def close(self) -> None:
         """Unlink every segment (readers keep mappings they already have)."""
+        for view in self._views.values():
+            view.release()
         self._views.clear()
+        for counter in self._counters:
+            counter.release()
         self._counters.clear()
         for seg in [*self._segments.values(), *self._retired]:
             seg.close()
@@ -223,9 +230,12 @@ class SharedIndexReader:
             header = ImageHeader.unpack(_buf(seg))
             view = LudoView.attach(_buf(seg)[: layout_of(header.geometry).view_end])
             old = self._segments.pop((shard, table), None)
-            self._views.pop((shard, table), None)
+            old_view = self._views.pop((shard, table), None)
+            if old_view is not None:
+                old_view.release()
             if old is not None:
-                old.close()
+                with contextlib.suppress(BufferError):  # a caller still holds its arrays
+                    old.close()
             self._segments[(shard, table)] = seg
             self._views[(shard, table)] = view
             self._names[(shard, table)] = name
@@ -234,7 +244,17 @@ class SharedIndexReader:
     def lookup(self, shard: int, table: int, key: int) -> int:
         """The table's value for ``key``, from a state no writer was changing."""
         counter = self._counters[shard]
-        for _ in range(_MAX_RETRIES):
+        deadline = 0.0
+        for attempt in itertools.count():
+            if attempt >= _SPINS:
+                # The writer holds the shard (a big batch or a table reload): let it
+                # run instead of burning the CPU it needs, and give up at a deadline.
+                now = time.monotonic()
+                if not deadline:
+                    deadline = now + _WAIT_LIMIT_S
+                elif now > deadline:
+                    break
+                time.sleep(0)
             before = counter[0]
             if before & 1:
                 continue
@@ -252,9 +272,11 @@ class SharedIndexReader:
     def image(self, shard: int, table: int) -> bytes:
         """A consistent copy of a table's view image (for audits and tests)."""
         counter = self._counters[shard]
-        for _ in range(_MAX_RETRIES):
+        deadline = time.monotonic() + _WAIT_LIMIT_S
+        while time.monotonic() < deadline:
             before = counter[0]
             if before & 1:
+                time.sleep(0)
                 continue
             try:
                 view = self._view(shard, table)
@@ -268,7 +290,11 @@ class SharedIndexReader:
         raise TornRead(f"shard {shard}: writer kept the sequence lock busy")
 
     def close(self) -> None:
+        for view in self._views.values():
+            view.release()
         self._views.clear()
+        for counter in self._counters:
+            counter.release()
         self._counters.clear()
         for seg in self._segments.values():
             with contextlib.suppress(BufferError):  # a caller still holds a view

@@ -125,6 +125,16 @@ class LudoView:
         """This view as a sealed image (a snapshot an edge can bootstrap from)."""
         return seal(self._buf, ImageKind.VIEW, self.geometry, count, self._layout.view_end)
 
+    def release(self) -> None:
+        """Drop every array and memoryview over the buffer, so shared memory under it
+        can be closed. The view is unusable afterwards."""
+        for mv in (self._mv_seeds, self._mv_cells, self._mv_words, self._mv_fps):
+            if mv is not None:
+                mv.release()
+        del self._seeds, self._cells, self._fps, self._words
+        if isinstance(self._buf, memoryview):
+            self._buf.release()
+
     def raw_image(self) -> bytes:
         """The buffer's bytes as they are (header not refreshed, no checksum)."""
         return bytes(self._buf[: self._layout.view_end])
