@@ -13,5 +13,19 @@ if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
     "$VENV/bin/python" -m pip install --quiet -e "$ROOT[test]"
     touch "$STAMP"
 fi
+# The integration tests and `kvcompass infra up` run Debian's redis-server
+# (not needed when KVC_REDIS_URL points at a running Redis).
+if [ -z "${KVC_REDIS_URL:-}" ] && ! command -v redis-server >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "== installing redis-server (apt)" >&2
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+    else
+        echo "error: redis-server is not on PATH. Install it (Debian/Ubuntu:" \
+            "sudo apt-get install -y redis-server; macOS: brew install redis)," \
+            "or set KVC_REDIS_URL to a running Redis." >&2
+        exit 1
+    fi
+fi
 export PATH="$VENV/bin:$PATH"
 cd "$ROOT"

@@ -1,6 +1,7 @@
 """The ``kvcompass`` command line.
 
 Usage: kvcompass index-demo [--topology NAME] [--entries N] [--fingerprint-bits B]
+       kvcompass infra up|status|down [--json]
 """
 
 from __future__ import annotations
@@ -30,10 +31,21 @@ def _parser() -> argparse.ArgumentParser:
         help="per-cell fingerprint bits (default: the topology's setting; 0 = the paper)",
     )
     demo.add_argument("--seed", type=int, default=7)
+    # Parsed by kvcompass.services.infra (see main); listed here for --help.
+    sub.add_parser("infra", help="start, inspect or stop the local Kafka broker and Redis")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["infra"]:  # delegated whole, so its clients load only when used
+        # services/ becomes kvcompass.services only when installed (package-dir), and mypy
+        # checks shared/ alone, so it cannot resolve this import.
+        from kvcompass.services.infra.commands import (  # type: ignore[import-not-found]
+            main as infra_main,
+        )
+
+        return int(infra_main(argv[1:], prog="kvcompass infra"))
     args = _parser().parse_args(argv)
     if args.command == "index-demo":
         from kvcompass.demo import run_index_demo
