@@ -13,7 +13,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kvcompass.index.layout import IndexLayout, Tier, with_tier
+from kvcompass.index.layout import IndexLayout, Tier
 from kvcompass.index.ludo import LudoTable
 from kvcompass.index.patches import TablePatch
 from kvcompass.keys import shard_of
@@ -102,14 +102,13 @@ class ShardState:
         if batch.worker_seq <= self.worker_seq.get(batch.worker_id, -1):
             self.duplicates += 1
             return False
-        table = self.tables[table_id]
+        write = self.tables[table_id].write_bits
+        shift = field << 1
+        clear = 3 << shift
         for event in batch.events:
-            tier = Tier.ABSENT if event.kind == EventKind.EVICT else event.tier
+            bits = 0 if event.kind == EventKind.EVICT else int(event.tier) << shift
             for _, key in event.keys:
-                old = table.get(key)
-                new = with_tier(old, field, tier)
-                if new != old:
-                    table.write(key, new)
+                write(key, clear, bits)
             self.applied_keys += len(event.keys)
         self.worker_seq[batch.worker_id] = batch.worker_seq
         return True

@@ -228,10 +228,20 @@ class LudoTable:
         return self.put(key, 0)
 
     def _put(self, key: int, value: int) -> None:
+        self._modify(key, self.geometry.value_mask, value)
+
+    def write_bits(self, key: int, clear: int, bits: int) -> None:
+        """value := (value & ~clear) | bits, in one lookup (0 afterwards removes the key).
+
+        The maintenance unit's per-key write: set one worker's 2-bit tier field.
+        """
+        self._modify(key, clear, bits)
+
+    def _modify(self, key: int, clear: int, bits: int) -> None:
         if not 0 <= key < 1 << 63:
             raise ValueError(f"key must be a 63-bit non-negative int, got {key}")
-        if not 0 <= value <= self.geometry.value_mask:
-            raise ValueError(f"value {value} does not fit {self.geometry.value_bits} bits")
+        if not 0 <= bits <= self.geometry.value_mask:
+            raise ValueError(f"value {bits} does not fit {self.geometry.value_bits} bits")
         x = key ^ self._bseed  # inlined mix64: this is the hot path of every write
         x ^= x >> 33
         x = (x * 0xFF51AFD7ED558CCD) & MASK64
@@ -243,13 +253,17 @@ class LudoTable:
         b1 = ((x >> 32) * nb) >> 32
         pos = self._find(key, b0, b1)
         if pos >= 0:
+            old = self._cells[pos]
+            value = (old & ~clear) | bits
+            if value == old:
+                return
             if value:
                 self._cells[pos] = value
                 self._dirty.add(pos >> 2)
             else:
                 self._delete(pos)
-        elif value:
-            self._insert(key, value, b0, b1)
+        elif bits:
+            self._insert(key, bits, b0, b1)
 
     def _delete(self, pos: int) -> None:
         self._othello.remove_edge(self._kid[pos])
