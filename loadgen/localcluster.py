@@ -130,7 +130,7 @@ class LocalCluster:
         return self.start("maintenance", name, "mu_started", **extra)
 
     def start_edge(self, name: str = "edge", **extra: str) -> subprocess.Popen[bytes]:
-        return self.start("edge", name, "edge_settings", **extra)
+        return self.start("edge", name, "edge_started", **extra)
 
     def wait_log(self, name: str, text: str, proc: subprocess.Popen[bytes]) -> None:
         path = self.log_dir / f"{name}.log"

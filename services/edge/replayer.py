@@ -24,6 +24,7 @@ from kvcompass.index.errors import GenerationMismatch, SnapshotError
 from kvcompass.index.layout import IndexLayout
 from kvcompass.index.patches import TablePatch
 from kvcompass.services.edge.settings import EdgeSettings
+from kvcompass.services.kafka import consumer_config
 from kvcompass.services.snapstore import SnapshotStore
 from kvcompass.shm import SharedIndexWriter
 from kvcompass.topology import Topology
@@ -32,8 +33,6 @@ from kvcompass.wire import PatchBatch, TableReload, WireError, decode
 __all__ = ["EdgeReplayer", "EdgeStatus"]
 
 log = structlog.get_logger("kvcompass.edge")
-
-_MAX_MESSAGE = 64 * 1024 * 1024
 
 
 @dataclass
@@ -75,18 +74,9 @@ class EdgeReplayer:
             settings.shm_prefix, settings.shards, len(self.layout.tables)
         )
         self._store = SnapshotStore(redis.Redis.from_url(redis_url), settings.snapshot_prefix)
+        # Partitions are assigned by hand; the group id is only a client requirement.
         self._consumer = Consumer(
-            {
-                "bootstrap.servers": kafka_bootstrap,
-                # Partitions are assigned by hand; the group id is only a client requirement.
-                "group.id": f"kvc-edge-{settings.shm_prefix}",
-                "enable.auto.commit": False,
-                # The broker holds a fetch for its full wait (research/infra.md).
-                "fetch.wait.max.ms": 2,
-                "fetch.max.bytes": _MAX_MESSAGE,
-                "max.partition.fetch.bytes": _MAX_MESSAGE,
-                "receive.message.max.bytes": _MAX_MESSAGE + 1024 * 1024,
-            }
+            consumer_config(kafka_bootstrap, f"kvc-edge-{settings.shm_prefix}")
         )
         self._shards = [_Shard() for _ in range(settings.shards)]
         self._faults = random.Random(settings.fault_seed)
@@ -107,6 +97,7 @@ class EdgeReplayer:
 
     def run(self, max_seconds: float | None = None) -> None:
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
+        log.info("edge_started", shards=self.settings.shards, shm_prefix=self.settings.shm_prefix)
         try:
             while not self.stop.is_set():
                 if deadline is not None and time.monotonic() > deadline:

@@ -23,6 +23,7 @@ import structlog
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from kvcompass.maintenance import BadEvent, Flush, ShardState
+from kvcompass.services.kafka import consumer_config, producer_config
 from kvcompass.services.maintenance.metrics import MaintenanceMetrics
 from kvcompass.services.maintenance.settings import MaintenanceSettings
 from kvcompass.services.snapstore import SnapshotStore
@@ -42,11 +43,7 @@ __all__ = ["MaintenanceUnit"]
 
 log = structlog.get_logger("kvcompass.mu")
 
-_MAX_MESSAGE = 64 * 1024 * 1024
 _CONSUME_BATCH = 500
-# The broker answers a fetch only when its wait expires, even if data arrived earlier
-# (research/infra.md), so this bounds every hop's latency.
-_FETCH_WAIT_MS = 2
 
 
 @dataclass
@@ -75,27 +72,17 @@ class MaintenanceUnit:
         self.owned: dict[int, _Owned] = {}
         self._store = SnapshotStore(redis.Redis.from_url(redis_url), settings.snapshot_prefix)
         self._consumer = Consumer(
-            {
-                "bootstrap.servers": kafka_bootstrap,
-                "group.id": settings.group_id,
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-                "session.timeout.ms": settings.session_timeout_ms,
-                "heartbeat.interval.ms": max(100, settings.session_timeout_ms // 6),
-                "fetch.wait.max.ms": _FETCH_WAIT_MS,
-                "fetch.max.bytes": _MAX_MESSAGE,
-                "max.partition.fetch.bytes": _MAX_MESSAGE,
-                "receive.message.max.bytes": _MAX_MESSAGE + 1024 * 1024,
-            }
+            consumer_config(
+                kafka_bootstrap,
+                settings.group_id,
+                **{
+                    "auto.offset.reset": "earliest",
+                    "session.timeout.ms": settings.session_timeout_ms,
+                    "heartbeat.interval.ms": max(100, settings.session_timeout_ms // 6),
+                },
+            )
         )
-        self._producer = Producer(
-            {
-                "bootstrap.servers": kafka_bootstrap,
-                "enable.idempotence": True,
-                "linger.ms": 1,
-                "message.max.bytes": _MAX_MESSAGE,
-            }
-        )
+        self._producer = Producer(producer_config(kafka_bootstrap))
         self._last_flush = time.monotonic()
 
     # -- lifecycle -------------------------------------------------------------------

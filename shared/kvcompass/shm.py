@@ -19,10 +19,11 @@ import itertools
 import os
 import struct
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
+from typing import TypeVar
 
 from kvcompass.index.errors import SnapshotError
 from kvcompass.index.image import ImageHeader, layout_of
@@ -30,6 +31,8 @@ from kvcompass.index.patches import TablePatch
 from kvcompass.index.view import LudoView
 
 __all__ = ["SharedIndexReader", "SharedIndexWriter", "TornRead"]
+
+T = TypeVar("T")
 
 _MAGIC = b"KVCSHM01"
 _HEAD = struct.Struct("<8sII")  # magic, shards, tables
@@ -243,6 +246,14 @@ class SharedIndexReader:
 
     def lookup(self, shard: int, table: int, key: int) -> int:
         """The table's value for ``key``, from a state no writer was changing."""
+        return self._consistent(shard, lambda: self._view(shard, table).lookup(key))
+
+    def image(self, shard: int, table: int) -> bytes:
+        """A consistent copy of a table's view image (for audits and tests)."""
+        return self._consistent(shard, lambda: self._view(shard, table).raw_image())
+
+    def _consistent(self, shard: int, read: Callable[[], T]) -> T:
+        """Run ``read`` until no writer touched the shard meanwhile (the sequence lock)."""
         counter = self._counters[shard]
         deadline = 0.0
         for attempt in itertools.count():
@@ -259,7 +270,7 @@ class SharedIndexReader:
             if before & 1:
                 continue
             try:
-                value = self._view(shard, table).lookup(key)
+                value = read()
             except (OSError, ValueError, IndexError):
                 # A segment name or image read while the writer swapped it.
                 if counter[0] == before:
@@ -267,26 +278,6 @@ class SharedIndexReader:
                 continue
             if counter[0] == before:
                 return value
-        raise TornRead(f"shard {shard}: writer kept the sequence lock busy")
-
-    def image(self, shard: int, table: int) -> bytes:
-        """A consistent copy of a table's view image (for audits and tests)."""
-        counter = self._counters[shard]
-        deadline = time.monotonic() + _WAIT_LIMIT_S
-        while time.monotonic() < deadline:
-            before = counter[0]
-            if before & 1:
-                time.sleep(0)
-                continue
-            try:
-                view = self._view(shard, table)
-                data = view.raw_image()
-            except (OSError, ValueError, IndexError):
-                if counter[0] == before:
-                    raise
-                continue
-            if counter[0] == before:
-                return data
         raise TornRead(f"shard {shard}: writer kept the sequence lock busy")
 
     def close(self) -> None:

@@ -17,7 +17,6 @@ import functools
 import gc
 import os
 import re
-import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -27,6 +26,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from kvcompass.loadgen.localcluster import poll_until
 from kvcompass.services.infra import (
     Infra,
     InfraSettings,
@@ -88,14 +88,7 @@ def wait_for(
     message: str = "condition",
 ) -> T:
     """Poll ``predicate`` until it returns a truthy value (returned); fail at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{message} not met within {timeout:g} s (last: {value!r})")
-        time.sleep(interval)
+    return poll_until(predicate, timeout, message, interval)
 
 
 @pytest.fixture(name="wait_for", scope="session")

@@ -1,0 +1,38 @@
+"""Kafka client settings shared by the services, tuned for this broker and workload."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["MAX_MESSAGE_BYTES", "consumer_config", "producer_config"]
+
+#: Patch batches of a large flush and reload images can be big; raise every client limit.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# The broker answers a fetch only when its wait expires, even if data arrived earlier
+# (research/infra.md), so the fetch wait bounds every hop's latency.
+_FETCH_WAIT_MS = 2
+
+
+def consumer_config(bootstrap: str, group_id: str, **extra: Any) -> dict[str, Any]:
+    """A consumer that never auto-commits (offsets follow durable state)."""
+    return {
+        "bootstrap.servers": bootstrap,
+        "group.id": group_id,
+        "enable.auto.commit": False,
+        "fetch.wait.max.ms": _FETCH_WAIT_MS,
+        "fetch.max.bytes": MAX_MESSAGE_BYTES,
+        "max.partition.fetch.bytes": MAX_MESSAGE_BYTES,
+        "receive.message.max.bytes": MAX_MESSAGE_BYTES + 1024 * 1024,
+        **extra,
+    }
+
+
+def producer_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
+    """An idempotent producer: retries never duplicate or reorder a partition's records."""
+    return {
+        "bootstrap.servers": bootstrap,
+        "enable.idempotence": True,
+        "linger.ms": 1,
+        "message.max.bytes": MAX_MESSAGE_BYTES,
+        **extra,
+    }
