@@ -2,11 +2,14 @@
 
 Usage: kvcompass index-demo [--topology NAME] [--entries N] [--fingerprint-bits B]
        kvcompass infra up|status|down [--json]
+       kvcompass mu      (a maintenance unit; settings from KVC_* variables)
+       kvcompass edge    (an edge replayer; settings from KVC_* variables)
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
@@ -33,7 +36,16 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=7)
     # Parsed by kvcompass.services.infra (see main); listed here for --help.
     sub.add_parser("infra", help="start, inspect or stop the local Kafka broker and Redis")
+    sub.add_parser("mu", help="run a maintenance unit (python -m kvcompass.services.maintenance)")
+    sub.add_parser("edge", help="run an edge replayer (python -m kvcompass.services.edge)")
     return parser
+
+
+# The services run from their own packages; these names are resolved only when used.
+_SERVICES = {
+    "mu": "kvcompass.services.maintenance.__main__",
+    "edge": "kvcompass.services.edge.__main__",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -46,6 +58,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
 
         return int(infra_main(argv[1:], prog="kvcompass infra"))
+    if argv[:1] and argv[0] in _SERVICES:
+        if len(argv) > 1:
+            print(f"kvcompass {argv[0]}: takes no arguments (use KVC_* variables)", file=sys.stderr)
+            return 2
+        service = importlib.import_module(_SERVICES[argv[0]])
+        return int(service.main())
     args = _parser().parse_args(argv)
     if args.command == "index-demo":
         from kvcompass.demo import run_index_demo
