@@ -89,6 +89,10 @@ class EdgeReplayer:
             "kvc_edge_resyncs", "Shard reloads after a gap or new epoch.", ["shard"], registry=r
         )
         self._m_lag = Gauge("kvc_edge_lag_ms", "Age of the newest applied batch.", registry=r)
+        self._m_ready = Gauge(
+            "kvc_edge_ready", "1 when every shard is loaded and the stream is drained.", registry=r
+        )
+        self._m_loaded = Gauge("kvc_edge_shards_loaded", "Shards with a loaded view.", registry=r)
         self._assigned = False
         self._resume_at: dict[int, int] = {}
         self._last_activity = time.monotonic()
@@ -112,6 +116,9 @@ class EdgeReplayer:
                 self._idle = not messages
                 for message in self._with_faults(messages):
                     self._handle(message)
+                status = self.status()
+                self._m_ready.set(int(status.ready))
+                self._m_loaded.set(status.shards_loaded)
                 if messages:
                     self._last_activity = time.monotonic()
                 elif time.monotonic() - self._last_activity >= self.settings.snapshot_check_s:
