@@ -197,7 +197,7 @@ class LocalCluster:
                 "bootstrap.servers": self.kafka_bootstrap,
                 "group.id": f"kvc-watch-{uuid.uuid4().hex[:6]}",
                 "enable.auto.commit": False,
-                "fetch.wait.max.ms": 10,
+                "fetch.wait.max.ms": 50,  # see ClusterSettings.fetch_wait_ms
             }
         )
         consumer.assign([TopicPartition(self.patches_topic, s, 0) for s in range(self.shards)])

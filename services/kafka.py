@@ -8,18 +8,21 @@ __all__ = ["MAX_MESSAGE_BYTES", "consumer_config", "producer_config"]
 
 #: Patch batches of a large flush and reload images can be big; raise every client limit.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-# The broker answers a fetch only when its wait expires, even if data arrived earlier
-# (research/infra.md), so the fetch wait bounds every hop's latency.
-_FETCH_WAIT_MS = 2
 
 
-def consumer_config(bootstrap: str, group_id: str, **extra: Any) -> dict[str, Any]:
-    """A consumer that never auto-commits (offsets follow durable state)."""
+def consumer_config(
+    bootstrap: str, group_id: str, fetch_wait_ms: int, **extra: Any
+) -> dict[str, Any]:
+    """A consumer that never auto-commits (offsets follow durable state).
+
+    ``fetch_wait_ms``: see ``ClusterSettings.fetch_wait_ms`` (the embedded broker holds
+    every fetch for its full wait and gives up on reads that take longer).
+    """
     return {
         "bootstrap.servers": bootstrap,
         "group.id": group_id,
         "enable.auto.commit": False,
-        "fetch.wait.max.ms": _FETCH_WAIT_MS,
+        "fetch.wait.max.ms": fetch_wait_ms,
         "fetch.max.bytes": MAX_MESSAGE_BYTES,
         "max.partition.fetch.bytes": MAX_MESSAGE_BYTES,
         "receive.message.max.bytes": MAX_MESSAGE_BYTES + 1024 * 1024,

@@ -76,7 +76,9 @@ class EdgeReplayer:
         self._store = SnapshotStore(redis.Redis.from_url(redis_url), settings.snapshot_prefix)
         # Partitions are assigned by hand; the group id is only a client requirement.
         self._consumer = Consumer(
-            consumer_config(kafka_bootstrap, f"kvc-edge-{settings.shm_prefix}")
+            consumer_config(
+                kafka_bootstrap, f"kvc-edge-{settings.shm_prefix}", settings.fetch_wait_ms
+            )
         )
         self._shards = [_Shard() for _ in range(settings.shards)]
         self._faults = random.Random(settings.fault_seed)

@@ -75,6 +75,7 @@ class MaintenanceUnit:
             consumer_config(
                 kafka_bootstrap,
                 settings.group_id,
+                settings.fetch_wait_ms,
                 **{
                     "auto.offset.reset": "earliest",
                     "session.timeout.ms": settings.session_timeout_ms,

@@ -190,6 +190,13 @@ class ClusterSettings(ServiceSettings):
     topic_events_dlq: str = setting("kvc.events.dlq", "Dead-letter topic for bad events.")
     topic_queues: str = setting("kvc.queues", "Topic of per-region queue-length broadcasts.")
     replication_factor: int = setting(1, "Replication factor of topics created at start-up.")
+    fetch_wait_ms: int = setting(
+        20,
+        "Consumers' fetch.wait.max.ms. The embedded broker answers a fetch only when this "
+        "wait expires, and returns nothing when reading its log takes longer (measured: "
+        "5 ms reads almost nothing once a partition holds ~6K records, 20 ms reads 25K "
+        "records in 2 s), so it bounds each hop's latency from below and above.",
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -197,6 +204,8 @@ class ClusterSettings(ServiceSettings):
             raise self.invalid("shards", "must be at least 1")
         if self.replication_factor < 1:
             raise self.invalid("replication_factor", "must be at least 1")
+        if self.fetch_wait_ms < 1:
+            raise self.invalid("fetch_wait_ms", "must be at least 1")
         topics = [self.topic_events, self.topic_patches, self.topic_events_dlq, self.topic_queues]
         if len(set(topics)) != len(topics):
             raise self.invalid("topic_events", f"topic names must be distinct, got {topics}")
