@@ -100,6 +100,7 @@ class LudoTable:
         self._fill = bytearray(g.nb)
         self._bseed = g.bucket_seed
         self._nb = g.nb
+        self._value_mask = g.value_mask
         self.count = 0
         self._othello = OthelloGraph(g.n_nodes, g.n_words, g.capacity)
         self._dirty: set[int] = set()
@@ -228,7 +229,7 @@ class LudoTable:
         return self.put(key, 0)
 
     def _put(self, key: int, value: int) -> None:
-        self._modify(key, self.geometry.value_mask, value)
+        self._modify(key, self._value_mask, value)
 
     def write_bits(self, key: int, clear: int, bits: int) -> None:
         """value := (value & ~clear) | bits, in one lookup (0 afterwards removes the key).
@@ -240,7 +241,7 @@ class LudoTable:
     def _modify(self, key: int, clear: int, bits: int) -> None:
         if not 0 <= key < 1 << 63:
             raise ValueError(f"key must be a 63-bit non-negative int, got {key}")
-        if not 0 <= bits <= self.geometry.value_mask:
+        if not 0 <= bits <= self._value_mask:
             raise ValueError(f"value {bits} does not fit {self.geometry.value_bits} bits")
         x = key ^ self._bseed  # inlined mix64: this is the hot path of every write
         x ^= x >> 33
@@ -289,7 +290,12 @@ class LudoTable:
         tree = self._othello.smaller_side(a, b)
         toggle = tree is not None
         fill = self._fill
-        sig0 = g.slot_word(key, 0)  # the key's cell under every seed below 32
+        x = key ^ g.slot_seed  # slot_word(key, 0), inlined: the key's cell under seeds < 32
+        x ^= x >> 33
+        x = (x * 0xFF51AFD7ED558CCD) & MASK64
+        x ^= x >> 33
+        x = (x * 0xC4CEB9FE1A85EC53) & MASK64
+        sig0 = x ^ (x >> 33)
         if fill[b0] < 4 or fill[b1] < 4:
             root = self._roomiest(key, sig0, b0, b1)
         else:
@@ -299,7 +305,8 @@ class LudoTable:
                 self._grow()
                 self._put(key, value)
                 return
-        pos = self._place(root, key, value, g.fingerprint(key), b1 if root == b0 else b0, sig0=sig0)
+        fp = g.fingerprint(key) if g.fingerprint_bits else 0
+        pos = self._place(root, key, value, fp, b1 if root == b0 else b0, sig0=sig0)
         self.count += 1
         bit = 0 if root == b0 else 1
         if tree is None:

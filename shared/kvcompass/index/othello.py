@@ -58,6 +58,13 @@ class OthelloGraph:
         smaller side, not the whole component.
         """
         head, nxt, node = self._head, self._next, self._node
+        # An isolated node is a whole tree of one: the common case at any load
+        # (about half of all cells have no edge), answered without exploring.
+        if skip_kid < 0:
+            if head[u] < 0:
+                return [u]
+            if head[v] < 0:
+                return [v]
         seen_u = {u}
         seen_v = {v}
         stack_u = [u]
