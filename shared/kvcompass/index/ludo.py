@@ -97,6 +97,9 @@ class LudoTable:
         self._kid = array("i", [_EMPTY]) * g.n_cells
         # Each key's other candidate bucket: cuckoo searches then need no hashing.
         self._alt = array("i", [_EMPTY]) * g.n_cells
+        # Each key's slot-hash word 0 (its cell under seeds 0..31): seed searches and
+        # moves then hash only for the rare seeds of 32 and above.
+        self._sig = array("Q", [0]) * g.n_cells
         self._fill = bytearray(g.nb)
         self._bseed = g.bucket_seed
         self._nb = g.nb
@@ -306,7 +309,7 @@ class LudoTable:
                 self._put(key, value)
                 return
         fp = g.fingerprint(key) if g.fingerprint_bits else 0
-        pos = self._place(root, key, value, fp, b1 if root == b0 else b0, sig0=sig0)
+        pos = self._place(root, key, value, fp, b1 if root == b0 else b0, sig0)
         self.count += 1
         bit = 0 if root == b0 else 1
         if tree is None:
@@ -331,40 +334,41 @@ class LudoTable:
         value: int,
         fp: int,
         alt: int,
+        sig0: int,
         kid: int = _EMPTY,
-        sig0: int = -1,
     ) -> int:
         """Put a key into a bucket with a free cell, re-seeding it if needed.
 
-        ``sig0`` is the key's slot-hash word 0 when the caller already has it.
+        ``sig0`` is the key's slot-hash word 0.
         """
-        g = self.geometry
         keys, cells, fps, kids, alts = self._keys, self._cells, self._fps, self._kid, self._alt
+        sigs = self._sig
         base = bucket << 2
         self._fill[bucket] += 1
         self._dirty.add(bucket)
         # Keep the bucket's seed when the new key's cell under it is free: one hash
         # instead of a seed search, and only one cell of the bucket changes.
         seed = self._seeds[bucket]
-        if sig0 >= 0 and seed < SEEDS_PER_WORD:
+        if seed < SEEDS_PER_WORD:
             pos = base + ((sig0 >> (seed << 1)) & 3)
         else:
-            pos = base + g.slot(key, seed)
+            pos = base + self.geometry.slot(key, seed)
         if keys[pos] == _EMPTY:
             keys[pos], cells[pos], fps[pos], kids[pos], alts[pos] = key, value, fp, kid, alt
+            sigs[pos] = sig0
             return pos
         entries = [
-            (keys[q], cells[q], fps[q], kids[q], alts[q])
+            (keys[q], cells[q], fps[q], kids[q], alts[q], sigs[q])
             for q in range(base, base + 4)
             if keys[q] != _EMPTY
         ]
-        entries.append((key, value, fp, kid, alt))
-        seed, slots = find_seed(g, [e[0] for e in entries])
+        entries.append((key, value, fp, kid, alt, sig0))
+        seed, slots = find_seed(self.geometry, [e[0] for e in entries], [e[5] for e in entries])
         for q in range(base, base + 4):
-            keys[q], cells[q], fps[q], kids[q], alts[q] = _EMPTY, 0, 0, _EMPTY, _EMPTY
+            keys[q], cells[q], fps[q], kids[q], alts[q], sigs[q] = _EMPTY, 0, 0, _EMPTY, _EMPTY, 0
         for entry, s in zip(entries, slots, strict=True):
             q = base + s
-            keys[q], cells[q], fps[q], kids[q], alts[q] = entry
+            keys[q], cells[q], fps[q], kids[q], alts[q], sigs[q] = entry
         self._seeds[bucket] = seed
         return base + slots[-1]
 
@@ -400,8 +404,9 @@ class LudoTable:
         while entries[e][1] >= 0:
             bucket, parent, q, _ = entries[e]
             key, value, fp, kid = keys[q], self._cells[q], self._fps[q], self._kid[q]
+            sig0 = self._sig[q]
             self._clear(q)
-            self._place(bucket, key, value, fp, q >> 2, kid)
+            self._place(bucket, key, value, fp, q >> 2, sig0, kid)
             if toggle:
                 self._othello.toggle(kid)
             e = parent
@@ -488,6 +493,7 @@ class LudoTable:
         key_arr[pos] = keys.astype(np.int64)
         self._keys = array("q", key_arr.tobytes())
         self._alt = _alt_array(g, key_arr)
+        self._sig = _sig_array(g, key_arr)
         self._fill = bytearray(np.bincount(bucket, minlength=g.nb).astype(np.uint8).tobytes())
         self.count = len(keys)
 
@@ -646,6 +652,7 @@ class LudoTable:
             raise SnapshotError(f"snapshot holds {len(occ)} keys but its header says {count}")
         table._keys = array("q", keys.tobytes())
         table._alt = _alt_array(g, keys)
+        table._sig = _sig_array(g, keys)
         table._fill = bytearray(np.bincount(occ >> 2, minlength=g.nb).astype(np.uint8).tobytes())
         table.count = len(occ)
         k = keys[occ].astype(np.uint64)
@@ -702,3 +709,11 @@ def _alt_array(g: TableGeometry, cell_keys: NDArray[np.int64]) -> array[int]:
     here = (occ >> 2).astype(np.uint64)
     alt[occ] = np.where(here == b0, b1, b0).astype(np.int32)
     return array("i", alt.tobytes())
+
+
+def _sig_array(g: TableGeometry, cell_keys: NDArray[np.int64]) -> array[int]:
+    """For every cell, slot-hash word 0 of the key it holds (0 if empty)."""
+    sig = np.zeros(g.n_cells, dtype=np.uint64)
+    occ = np.flatnonzero(cell_keys >= 0)
+    sig[occ] = g.slot_words_array(cell_keys[occ].astype(np.uint64), 0)
+    return array("Q", sig.tobytes())
