@@ -12,7 +12,9 @@ from typing import TypeVar
 import structlog
 
 from kvcompass import log as kvc_log
-from kvcompass.settings import ClusterSettings, SettingsError
+from kvcompass.services.infra import InfraError, InfraSettings
+from kvcompass.services.infra.state import read_state
+from kvcompass.settings import ClusterSettings, SettingsError, redact_url
 from kvcompass.topology import Topology, builtin_names, load_builtin, load_topology
 
 __all__ = ["load_any_topology", "start_service", "stop_on_signals"]
@@ -39,14 +41,27 @@ def start_service(cls: type[S], prog: str) -> tuple[S, str, str] | None:
         print(f"{prog}: {exc}", file=sys.stderr)
         return None
     kvc_log.configure(settings.log_level, json=settings.log_json is not False)
-    if settings.kafka_bootstrap is None or settings.redis_url is None:
-        print(
-            f"{prog}: set KVC_KAFKA_BOOTSTRAP and KVC_REDIS_URL (`kvcompass infra up` prints them)",
-            file=sys.stderr,
-        )
-        return None
-    structlog.get_logger(prog).info("settings", **settings.as_dict())
-    return settings, settings.kafka_bootstrap, settings.redis_url
+    bootstrap, redis_url = settings.kafka_bootstrap, settings.redis_url
+    if bootstrap is None or redis_url is None:
+        # Empty means the embedded servers: take their addresses from the state file
+        # `kvcompass infra up` wrote (same KVC_RUN_DIR).
+        try:
+            state = read_state(InfraSettings.from_env().state_file)
+        except (InfraError, SettingsError) as exc:
+            print(f"{prog}: {exc}", file=sys.stderr)
+            return None
+        if state is None:
+            print(
+                f"{prog}: set KVC_KAFKA_BOOTSTRAP and KVC_REDIS_URL, or start the embedded "
+                "servers with `kvcompass infra up`",
+                file=sys.stderr,
+            )
+            return None
+        bootstrap = bootstrap or state.kafka_bootstrap
+        redis_url = redis_url or state.redis_url
+    resolved = {"kafka_bootstrap": bootstrap, "redis_url": redact_url(redis_url)}
+    structlog.get_logger(prog).info("settings", **{**settings.as_dict(), **resolved})
+    return settings, bootstrap, redis_url
 
 
 def stop_on_signals(stop: threading.Event, prog: str) -> None:
