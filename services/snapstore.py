@@ -40,7 +40,7 @@ class SnapshotStore:
         """Store a snapshot and make it current; returns its version key."""
         shard = snapshot.meta.shard
         base = self._base(shard)
-        number = int(cast(int, self._r.incr(f"{base}:counter")))
+        number = int(self._r.incr(f"{base}:counter"))
         version = f"v{number}"
         vkey = self.version_key(shard, version)
         pipe = self._r.pipeline(transaction=False)
