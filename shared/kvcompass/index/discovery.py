@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvcompass.hashing import MASK64
-from kvcompass.index.layout import IndexLayout, Tier, with_tier
+from kvcompass.index.layout import IndexLayout, Tier
 from kvcompass.index.ludo import LudoTable
 from kvcompass.index.patches import TablePatch
 from kvcompass.index.view import LudoView
@@ -78,12 +78,9 @@ class DiscoveryIndex:
         table_id, field = self.layout.slots[worker]
         n = self.n_shards
         tables = self.tables
+        clear, bits = 3 << (field << 1), int(tier) << (field << 1)
         for key in keys:
-            table = tables[(shard_of(key, n), table_id)]
-            old = table.get(key)
-            new = with_tier(old, field, tier)
-            if new != old:
-                table.write(key, new)
+            tables[(shard_of(key, n), table_id)].write_bits(key, clear, bits)
 
     def take_patches(self) -> dict[TableKey, TablePatch]:
         """Patches of every table written since the last call."""
