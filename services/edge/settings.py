@@ -4,20 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvcompass.settings import ClusterSettings, setting
+from kvcompass.settings import PipelineSettings, setting
 
 __all__ = ["EdgeSettings"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class EdgeSettings(ClusterSettings):
+class EdgeSettings(PipelineSettings):
     """Where the views live and how the patch stream is replayed."""
 
-    topology: str = setting(
-        "testbed-3region", "Built-in topology name or path of a topology TOML file."
-    )
     shm_prefix: str = setting("kvc-edge", "Name prefix of the shared-memory segments.")
-    snapshot_prefix: str = setting("kvc:snap", "Redis key prefix of shard snapshots.")
     bootstrap_retry_s: float = setting(
         0.2, "Seconds between attempts to load a shard that has no snapshot yet."
     )

@@ -4,25 +4,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvcompass.settings import ClusterSettings, setting
+from kvcompass.settings import PipelineSettings, setting
 
 __all__ = ["MaintenanceSettings"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class MaintenanceSettings(ClusterSettings):
+class MaintenanceSettings(PipelineSettings):
     """Consumer group, flush window, snapshot cadence and the topology served."""
 
-    topology: str = setting(
-        "testbed-3region", "Built-in topology name or path of a topology TOML file."
-    )
     group_id: str = setting("kvc-mu", "Consumer group of all maintenance units.")
     flush_ms: float = setting(5.0, "Patch flush window: coalesce writes this long (ms).")
     flush_keys: int = setting(20_000, "Flush earlier once this many keys were applied.")
     snapshot_interval_s: float = setting(
         30.0, "Snapshot every owned shard to Redis at least this often (seconds)."
     )
-    snapshot_prefix: str = setting("kvc:snap", "Redis key prefix of shard snapshots.")
     initial_capacity: int = setting(65_536, "Keys a new table holds before it first grows.")
     session_timeout_ms: int = setting(6000, "Consumer-group session timeout (ms).")
     metrics_port: int = setting(0, "Prometheus metrics port on 127.0.0.1; 0 = off.")

@@ -48,13 +48,20 @@ def mix64(x: int) -> int:
     return x ^ (x >> 33)
 
 
-def mix64_array(x: NDArray[np.uint64], out: NDArray[np.uint64] | None = None) -> NDArray[np.uint64]:
-    """Vectorised :func:`mix64`; writes into ``out`` (which may be ``x``) when given."""
+def mix64_array(
+    x: NDArray[np.uint64],
+    out: NDArray[np.uint64] | None = None,
+    scratch: NDArray[np.uint64] | None = None,
+) -> NDArray[np.uint64]:
+    """Vectorised :func:`mix64`; writes into ``out`` (which may be ``x``) when given.
+
+    ``scratch``, an array of the same shape, saves allocating a temporary (hot loops).
+    """
     if out is None:
         out = x.copy()
     elif out is not x:
         np.copyto(out, x)
-    tmp = np.right_shift(out, _U33)
+    tmp = np.right_shift(out, _U33, out=scratch)
     out ^= tmp
     out *= _UC1
     np.right_shift(out, _U33, out=tmp)

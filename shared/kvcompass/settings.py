@@ -39,6 +39,7 @@ from urllib.parse import urlsplit, urlunsplit
 __all__ = [
     "ClusterSettings",
     "EnvSettings",
+    "PipelineSettings",
     "ServiceSettings",
     "SettingDoc",
     "SettingsError",
@@ -265,3 +266,13 @@ def _render(value: object) -> str:
     if isinstance(value, tuple):
         return ",".join(map(str, value))
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PipelineSettings(ClusterSettings):
+    """What the maintenance units and the edges must agree on besides the cluster."""
+
+    topology: str = setting(
+        "testbed-3region", "Built-in topology name or path of a topology TOML file."
+    )
+    snapshot_prefix: str = setting("kvc:snap", "Redis key prefix of shard snapshots.")

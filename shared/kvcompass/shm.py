@@ -180,12 +180,7 @@ class SharedIndexWriter:
 
     def close(self) -> None:
         """Unlink every segment (readers keep mappings they already have)."""
-        for view in self._views.values():
-            view.release()
-        self._views.clear()
-        for counter in self._counters:
-            counter.release()
-        self._counters.clear()
+        _release_views(self._views, self._counters)
         for seg in [*self._segments.values(), *self._retired]:
             seg.close()
             seg.unlink()
@@ -281,17 +276,22 @@ class SharedIndexReader:
         raise TornRead(f"shard {shard}: writer kept the sequence lock busy")
 
     def close(self) -> None:
-        for view in self._views.values():
-            view.release()
-        self._views.clear()
-        for counter in self._counters:
-            counter.release()
-        self._counters.clear()
+        _release_views(self._views, self._counters)
         for seg in self._segments.values():
             with contextlib.suppress(BufferError):  # a caller still holds a view
                 seg.close()
         self._segments.clear()
         self._ctl.close()
+
+
+def _release_views(views: dict[tuple[int, int], LudoView], counters: list[memoryview]) -> None:
+    """Drop every array and memoryview over the segments, so they can be closed."""
+    for view in views.values():
+        view.release()
+    views.clear()
+    for counter in counters:
+        counter.release()
+    counters.clear()
 
 
 def _remove_stale(prefix: str) -> None:

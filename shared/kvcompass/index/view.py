@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from kvcompass.hashing import GOLDEN64, MASK32, MASK64
+from kvcompass.hashing import GOLDEN64, MASK32, MASK64, mix64_array
 from kvcompass.index.errors import GenerationMismatch, SnapshotError
 from kvcompass.index.geometry import TableGeometry
 from kvcompass.index.image import HEADER_SIZE, ImageHeader, ImageKind, layout_of, open_image, seal
@@ -23,13 +23,10 @@ __all__ = ["LudoView"]
 
 _CHUNK = 1 << 15  # keys per vectorised pass: arrays stay in L2, temporaries are reused
 _U32 = np.uint64(32)
-_U33 = np.uint64(33)
 _U6 = np.uint64(6)
 _U63 = np.uint64(63)
 _U1 = np.uint64(1)
 _UMASK32 = np.uint64(MASK32)
-_C1 = np.uint64(0xFF51AFD7ED558CCD)
-_C2 = np.uint64(0xC4CEB9FE1A85EC53)
 
 
 class LudoView:
@@ -234,9 +231,9 @@ class LudoView:
         g = self.geometry
         tmp = np.empty_like(keys)
         hb = keys ^ np.uint64(g.bucket_seed)
-        _mix_inplace(hb, tmp)
+        mix64_array(hb, out=hb, scratch=tmp)
         x = keys ^ np.uint64(g.othello_seed)
-        _mix_inplace(x, tmp)
+        mix64_array(x, out=x, scratch=tmp)
         # Othello cells: ia from the low half, ib from the high half.
         ia = x & _UMASK32
         ia *= np.uint64(g.ma)
@@ -256,7 +253,7 @@ class LudoView:
         seeds = self._seeds[b].astype(np.uint64)
         x = keys ^ np.uint64(g.slot_seed)
         x ^= (seeds >> np.uint64(5)) * np.uint64(GOLDEN64)
-        _mix_inplace(x, tmp)
+        mix64_array(x, out=x, scratch=tmp)
         x >>= (seeds & np.uint64(31)) << _U1
         x &= np.uint64(3)
         b <<= np.uint64(2)
@@ -266,14 +263,3 @@ class LudoView:
             fp = g.fingerprints_array(keys)
             values[self._fps[b] != fp] = 0
         return values
-
-
-def _mix_inplace(x: NDArray[np.uint64], tmp: NDArray[np.uint64]) -> None:
-    np.right_shift(x, _U33, out=tmp)
-    x ^= tmp
-    x *= _C1
-    np.right_shift(x, _U33, out=tmp)
-    x ^= tmp
-    x *= _C2
-    np.right_shift(x, _U33, out=tmp)
-    x ^= tmp
