@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from kvcompass.demo import match_latencies_us
 from kvcompass.index import LudoTable, LudoView
 from kvcompass.index.discovery import DiscoveryIndex, DiscoveryView, QueryPlanner
 from kvcompass.index.layout import IndexLayout, Tier
@@ -177,22 +178,12 @@ def _forward(seed: int, n_prompts: int) -> dict[str, float]:
     view = DiscoveryView.from_images(layout, 4, index.view_images())
     edge = topology.regions[0].name
     planner = QueryPlanner(plan, edge, ns)
-    lat = []
-    for prompt in prompts:
-        t0 = time.perf_counter()
-        view.match(planner.query(prompt))
-        lat.append(time.perf_counter() - t0)
-    as_list = [p.tolist() for p in prompts[:500]]
-    lat_list = []
-    for prompt_list in as_list:
-        t0 = time.perf_counter()
-        view.match(planner.query(prompt_list))
-        lat_list.append(time.perf_counter() - t0)
-    us = np.array(lat) * 1e6
+    us = match_latencies_us(view, planner, prompts)
+    us_list = match_latencies_us(view, planner, [p.tolist() for p in prompts[:500]])
     return {
         "forward_lookup_p50_us": round(float(np.percentile(us, 50)), 1),
         "forward_lookup_p99_us": round(float(np.percentile(us, 99)), 1),
-        "forward_lookup_list_input_p50_us": round(float(np.median(lat_list)) * 1e6, 1),
+        "forward_lookup_list_input_p50_us": round(float(np.median(us_list)), 1),
         "forward_lookup_keys_per_prompt": sum(1 for c in plan.all_query_lengths(edge) if c <= 4096),
     }
 

@@ -10,6 +10,7 @@ from types import FrameType
 from typing import TypeVar
 
 import structlog
+from prometheus_client import CollectorRegistry, start_http_server
 
 from kvcompass import log as kvc_log
 from kvcompass.services.infra import InfraError, InfraSettings
@@ -17,7 +18,7 @@ from kvcompass.services.infra.state import read_state
 from kvcompass.settings import ClusterSettings, SettingsError, redact_url
 from kvcompass.topology import Topology, builtin_names, load_builtin, load_topology
 
-__all__ = ["load_any_topology", "start_service", "stop_on_signals"]
+__all__ = ["load_any_topology", "serve_metrics", "start_service", "stop_on_signals"]
 
 S = TypeVar("S", bound=ClusterSettings)
 
@@ -76,3 +77,9 @@ def stop_on_signals(stop: threading.Event, prog: str) -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+
+
+def serve_metrics(port: int, registry: CollectorRegistry) -> None:
+    """Expose ``registry`` for Prometheus on 127.0.0.1:``port`` (0: not at all)."""
+    if port:
+        start_http_server(port, "127.0.0.1", registry=registry)

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import sys
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from kvcompass.services.edge.replayer import EdgeReplayer
 from kvcompass.services.edge.settings import EdgeSettings
-from kvcompass.services.runtime import load_any_topology, start_service, stop_on_signals
+from kvcompass.services.runtime import (
+    load_any_topology,
+    serve_metrics,
+    start_service,
+    stop_on_signals,
+)
 
 
 def main() -> int:
@@ -21,8 +26,7 @@ def main() -> int:
         return 2
     settings, bootstrap, redis_url = started
     registry = CollectorRegistry()
-    if settings.metrics_port:
-        start_http_server(settings.metrics_port, "127.0.0.1", registry=registry)
+    serve_metrics(settings.metrics_port, registry)
     replayer = EdgeReplayer(
         settings,
         load_any_topology(settings.topology),

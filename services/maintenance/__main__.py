@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import sys
 
-from prometheus_client import start_http_server
-
 from kvcompass.services.maintenance.metrics import MaintenanceMetrics
 from kvcompass.services.maintenance.service import MaintenanceUnit
 from kvcompass.services.maintenance.settings import MaintenanceSettings
-from kvcompass.services.runtime import load_any_topology, start_service, stop_on_signals
+from kvcompass.services.runtime import (
+    load_any_topology,
+    serve_metrics,
+    start_service,
+    stop_on_signals,
+)
 
 
 def main() -> int:
@@ -22,8 +25,7 @@ def main() -> int:
         return 2
     settings, bootstrap, redis_url = started
     metrics = MaintenanceMetrics()
-    if settings.metrics_port:
-        start_http_server(settings.metrics_port, "127.0.0.1", registry=metrics.registry)
+    serve_metrics(settings.metrics_port, metrics.registry)
     unit = MaintenanceUnit(
         settings,
         load_any_topology(settings.topology),

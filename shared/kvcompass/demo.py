@@ -12,18 +12,20 @@ from __future__ import annotations
 import random
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
 
 from kvcompass.index.discovery import DiscoveryView, QueryPlanner, TableKey
 from kvcompass.index.layout import IndexLayout, Tier, with_tier
 from kvcompass.index.ludo import LudoTable
-from kvcompass.keys import Namespace, prefix_keys
+from kvcompass.keys import Namespace, TokenIds, prefix_keys
 from kvcompass.levels import plan_levels
 from kvcompass.topology import Topology, load_builtin
 
-__all__ = ["DemoReport", "run_index_demo"]
+__all__ = ["DemoReport", "match_latencies_us", "run_index_demo"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,18 @@ def _synthetic_entries(
                     entries += 1
                 table[key] = with_tier(old, field, tier)
     return tables, prompts, entries
+
+
+def match_latencies_us(
+    view: DiscoveryView, planner: QueryPlanner, prompts: Sequence[TokenIds]
+) -> NDArray[np.float64]:
+    """Microseconds per forwarding lookup (keys at every level, then the match)."""
+    latencies = []
+    for prompt in prompts:
+        t0 = time.perf_counter()
+        view.match(planner.query(prompt))
+        latencies.append(time.perf_counter() - t0)
+    return np.array(latencies) * 1e6
 
 
 def run_index_demo(
@@ -127,13 +141,7 @@ def run_index_demo(
     ns = Namespace("demo-model")
     edge = topology.regions[0].name
     planner = QueryPlanner(plan, edge, ns)
-    sample = prompts[:: max(1, len(prompts) // 2000)]
-    latencies = []
-    for prompt in sample:
-        t0 = time.perf_counter()
-        view.match(planner.query(prompt))
-        latencies.append(time.perf_counter() - t0)
-    lat_us = np.array(latencies) * 1e6
+    lat_us = match_latencies_us(view, planner, prompts[:: max(1, len(prompts) // 2000)])
 
     view_bits = 8 * view.nbytes / n_entries
     load = n_entries / sum(t.geometry.n_cells for t in maint.values())
