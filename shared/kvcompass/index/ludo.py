@@ -241,6 +241,22 @@ class LudoTable:
         """
         self._modify(key, clear, bits)
 
+    def write_bits_many(
+        self, keys: NDArray[np.uint64], clear: NDArray[np.uint64], bits: NDArray[np.uint64]
+    ) -> None:
+        """:meth:`write_bits` for every ``(keys[i], clear[i], bits[i])``, in order.
+
+        The maintenance unit's batch write: one call per event batch.
+        """
+        if not (keys.shape == clear.shape == bits.shape) or keys.ndim != 1:
+            raise ValueError(
+                f"keys, clear and bits must be equal-length vectors: "
+                f"{keys.shape} {clear.shape} {bits.shape}"
+            )
+        modify = self._modify
+        for key, c, b in zip(keys.tolist(), clear.tolist(), bits.tolist(), strict=True):
+            modify(key, c, b)
+
     def _modify(self, key: int, clear: int, bits: int) -> None:
         if not 0 <= key < 1 << 63:
             raise ValueError(f"key must be a 63-bit non-negative int, got {key}")
