@@ -117,16 +117,18 @@ def test_dirty_words_cover_every_changed_word() -> None:
     graph = OthelloGraph(N_NODES, N_WORDS, MAX_KEYS)
     kids = []
     for _ in range(200):
-        before = list(graph.words)
-        graph.dirty_words.clear()
+        before = graph.words.copy()
+        graph.take_dirty_words()
         a, b = random_node_pair(rng)
         side = graph.smaller_side(a, b)
         if side is not None and len(kids) < MAX_KEYS:
             kids.append(graph.add_edge(a, b, rng.randrange(2), side))
         elif kids:
             graph.toggle(rng.choice(kids))
-        changed = {w for w in range(N_WORDS) if graph.words[w] != before[w]}
-        assert changed <= graph.dirty_words
+        changed = set(np.flatnonzero(graph.words != before).tolist())
+        dirty = graph.take_dirty_words().tolist()
+        assert len(dirty) == len(set(dirty))  # each word reported once
+        assert changed <= set(dirty)
 
 
 def test_smaller_side_of_isolated_nodes() -> None:
@@ -172,11 +174,11 @@ def test_rebuild_solves_a_forest(seed: int) -> None:
     rng = random.Random(seed)
     pairs = random_forest(rng, rng.randrange(0, MAX_KEYS + 1))
     graph = OthelloGraph(N_NODES, N_WORDS, MAX_KEYS)
-    graph.dirty_words.add(0)
+    graph.add_edge(0, MA, 1, [0])  # flips word 0: dirty
     kids = graph.rebuild(*rebuild_arrays(pairs))
     assert kids is not None
     assert kids.tolist() == list(range(len(pairs)))
-    assert not graph.dirty_words
+    assert len(graph.take_dirty_words()) == 0
     edges = dict(enumerate(pairs))
     check_bits(graph, edges)
     # The rebuilt adjacency answers like a graph built edge by edge.

@@ -8,18 +8,19 @@ about 3x more cells). A new edge that would close a cycle cannot be satisfied in
 general, so the caller rebuilds the whole locator with a new hash seed instead.
 
 Adjacency is intrusive linked lists over half-edges ``2·kid + side`` (``kid`` is a
-stable key id, not a table position, so cuckoo moves never relink), stored in compact
-``array`` objects: Python-level indexing of those is several times faster than numpy's.
+stable key id, not a table position, so cuckoo moves never relink), in flat numpy arrays
+that the compiled write path (:mod:`kvcompass.index.kernel`) edits in place.
 """
 
 from __future__ import annotations
-
-from array import array
 
 import numpy as np
 from numpy.typing import NDArray
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import breadth_first_order, connected_components
+
+from kvcompass.index import kernel
+from kvcompass.index.kernel import OthelloArrays
 
 __all__ = ["OthelloGraph"]
 
@@ -29,24 +30,42 @@ class OthelloGraph:
 
     def __init__(self, n_nodes: int, n_words: int, max_keys: int) -> None:
         self.n_nodes = n_nodes
-        self.words = array("Q", bytes(8 * n_words))
-        self._head = array("i", [-1]) * n_nodes
-        self._next = array("i", [-1]) * (2 * max_keys)
-        self._node = array("i", [-1]) * (2 * max_keys)
-        self._free: list[int] = list(range(max_keys - 1, -1, -1))
-        self.dirty_words: set[int] = set()
+        self.arrays = OthelloArrays(
+            words=np.zeros(n_words, dtype=np.uint64),
+            head=np.full(n_nodes, -1, dtype=np.int32),
+            nxt=np.full(2 * max_keys, -1, dtype=np.int32),
+            node=np.full(2 * max_keys, -1, dtype=np.int32),
+            # Key ids are handed out from the top of the stack: 0, 1, 2, ...
+            free=np.arange(max_keys - 1, -1, -1, dtype=np.int32),
+            word_dirty=np.zeros(n_words, dtype=np.uint8),
+            dirty_words=np.zeros(n_words, dtype=np.int64),
+            mark=np.zeros(n_nodes, dtype=np.int32),
+            state=np.array([max_keys, 0, 0], dtype=np.int64),
+        )
+        self._scratch = np.empty(64, dtype=np.int32)
+
+    @property
+    def words(self) -> NDArray[np.uint64]:
+        """The node bits, packed 64 per word (the view's locator image)."""
+        return self.arrays.words
+
+    def set_words(self, words: NDArray[np.uint64]) -> None:
+        """Replace every node bit (a restored snapshot's stored bits)."""
+        self.arrays.words[:] = words
 
     # -- bits --------------------------------------------------------------------
 
     def bit(self, node: int) -> int:
-        return (self.words[node >> 6] >> (node & 63)) & 1
+        return int(self.arrays.words[node >> 6] >> np.uint64(node & 63)) & 1
 
-    def _flip(self, nodes: list[int]) -> None:
-        words, dirty = self.words, self.dirty_words
-        for n in nodes:
-            w = n >> 6
-            words[w] ^= 1 << (n & 63)
-            dirty.add(w)
+    def take_dirty_words(self) -> NDArray[np.int64]:
+        """Words flipped since the last call (each once), and forget them."""
+        a = self.arrays
+        n = int(a.state[1])
+        words = a.dirty_words[:n].copy()
+        a.word_dirty[words] = 0
+        a.state[1] = 0
+        return words
 
     # -- graph queries -------------------------------------------------------------
 
@@ -57,46 +76,12 @@ class OthelloGraph:
         Both sides are explored one node at a time, so the cost is about twice the
         smaller side, not the whole component.
         """
-        head, nxt, node = self._head, self._next, self._node
-        # An isolated node is a whole tree of one: the common case at any load
-        # (about half of all cells have no edge), answered without exploring.
-        if skip_kid < 0:
-            if head[u] < 0:
-                return [u]
-            if head[v] < 0:
-                return [v]
-        seen_u = {u}
-        seen_v = {v}
-        stack_u = [u]
-        stack_v = [v]
-        while True:
-            if not stack_u:
-                return list(seen_u)
-            h = head[stack_u.pop()]
-            while h >= 0:
-                if h >> 1 != skip_kid:
-                    m = node[h ^ 1]
-                    if m not in seen_u:
-                        if m in seen_v:
-                            return None
-                        seen_u.add(m)
-                        stack_u.append(m)
-                h = nxt[h]
-            if not stack_v:
-                return list(seen_v)
-            h = head[stack_v.pop()]
-            while h >= 0:
-                if h >> 1 != skip_kid:
-                    m = node[h ^ 1]
-                    if m not in seen_v:
-                        if m in seen_u:
-                            return None
-                        seen_v.add(m)
-                        stack_v.append(m)
-                h = nxt[h]
+        count, nodes = kernel.othello_smaller_side(self.arrays, u, v, skip_kid, self._scratch)
+        return None if count == kernel.CYCLE else nodes[:count].tolist()
 
     def endpoints(self, kid: int) -> tuple[int, int]:
-        return self._node[2 * kid], self._node[2 * kid + 1]
+        node = self.arrays.node
+        return int(node[2 * kid]), int(node[2 * kid + 1])
 
     # -- edits -------------------------------------------------------------------
 
@@ -105,44 +90,17 @@ class OthelloGraph:
 
         Returns the new key id.
         """
-        if bit ^ self.bit(a) ^ self.bit(b):
-            self._flip(smaller_tree)
-        kid = self._free.pop()
-        self._link(2 * kid, a)
-        self._link(2 * kid + 1, b)
-        return kid
+        side = np.asarray(smaller_tree, dtype=np.int32)
+        return int(kernel.othello_add_edge(self.arrays, a, b, bit, side, len(side)))
 
     def toggle(self, kid: int) -> None:
         """Invert one key's bit (its key moved to the other candidate bucket)."""
-        a, b = self.endpoints(kid)
-        side = self.smaller_side(a, b, skip_kid=kid)
-        if side is None:  # pragma: no cover - the graph is a forest by construction
+        if not kernel.othello_toggle(self.arrays, kid, self._scratch):  # pragma: no cover
             raise AssertionError("Othello graph has a cycle")
-        self._flip(side)
 
     def remove_edge(self, kid: int) -> None:
         """Forget a key's edge. No bit changes: every other key keeps its XOR."""
-        self._unlink(2 * kid)
-        self._unlink(2 * kid + 1)
-        self._free.append(kid)
-
-    def _link(self, h: int, n: int) -> None:
-        self._node[h] = n
-        self._next[h] = self._head[n]
-        self._head[n] = h
-
-    def _unlink(self, h: int) -> None:
-        n = self._node[h]
-        cur = self._head[n]
-        if cur == h:
-            self._head[n] = self._next[h]
-        else:
-            nxt = self._next
-            while nxt[cur] != h:
-                cur = nxt[cur]
-            nxt[cur] = nxt[h]
-        self._node[h] = -1
-        self._next[h] = -1
+        kernel.othello_remove_edge(self.arrays, kid)
 
     # -- bulk build ----------------------------------------------------------------
 
@@ -158,28 +116,27 @@ class OthelloGraph:
         words = _solve_forest(self.n_nodes, a, b, bits)
         if words is None:
             return None
-        self.words = array("Q", words.tobytes())
-        self.dirty_words.clear()
+        arr = self.arrays
+        arr.words[:] = words
+        arr.word_dirty[:] = 0
         kids = np.arange(n_edges, dtype=np.int64)
         half = np.empty(2 * n_edges, dtype=np.int64)
         half[0::2] = a
         half[1::2] = b
         order = np.argsort(half, kind="stable")
         sorted_nodes = half[order]
-        nxt = np.full(len(self._next), -1, dtype=np.int32)
+        arr.nxt[:] = -1
         same = sorted_nodes[1:] == sorted_nodes[:-1]
-        nxt[order[:-1][same]] = order[1:][same]
-        head = np.full(self.n_nodes, -1, dtype=np.int32)
+        arr.nxt[order[:-1][same]] = order[1:][same]
+        arr.head[:] = -1
         first = np.ones(len(order), dtype=bool)
         first[1:] = ~same
-        head[sorted_nodes[first]] = order[first]
-        node = np.full(len(self._node), -1, dtype=np.int32)
-        node[: 2 * n_edges] = half
-        self._head = array("i", head.tobytes())
-        self._next = array("i", nxt.tobytes())
-        self._node = array("i", node.tobytes())
-        max_keys = len(self._next) // 2
-        self._free = list(range(max_keys - 1, n_edges - 1, -1))
+        arr.head[sorted_nodes[first]] = order[first]
+        arr.node[:] = -1
+        arr.node[: 2 * n_edges] = half
+        max_keys = len(arr.free)
+        arr.free[: max_keys - n_edges] = np.arange(max_keys - 1, n_edges - 1, -1)
+        arr.state[:2] = (max_keys - n_edges, 0)
         return kids
 
 

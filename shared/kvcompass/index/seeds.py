@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
+from kvcompass.index import kernel
 from kvcompass.index.errors import TableFull
 from kvcompass.index.geometry import SEEDS_PER_WORD, TableGeometry
 
@@ -31,22 +32,20 @@ def find_seed(
     ``words0``, when given, are the keys' slot-hash words 0 (saves hashing for the
     ~96% of buckets that find a seed below 32). Returns the seed and each key's cell.
     Raises TableFull when no 8-bit seed works (probability about 1e-11 for four keys).
+    The search itself is the write kernel's (:func:`kvcompass.index.kernel.find_seed`).
     """
     n = len(keys)
-    for word in range((MAX_SEED + 1) // SEEDS_PER_WORD):
-        known = word == 0 and words0 is not None
-        sigs = words0 if known and words0 is not None else [g.slot_word(k, word) for k in keys]
-        collide = 0
-        for i in range(n):
-            si = sigs[i]
-            for j in range(i + 1, n):
-                x = si ^ sigs[j]
-                collide |= ~(x | (x >> 1)) & _LOW_BITS
-        valid = ~collide & _LOW_BITS
-        if valid:
-            bit = (valid & -valid).bit_length() - 1
-            return word * SEEDS_PER_WORD + (bit >> 1), [(s >> bit) & 3 for s in sigs]
-    raise TableFull(f"no bucket seed separates {n} keys")
+    if n > 4:
+        raise ValueError(f"a bucket holds at most 4 keys, got {n}")
+    padded = np.zeros(4, dtype=np.int64)
+    padded[:n] = keys
+    sigs = np.zeros(4, dtype=np.uint64)
+    sigs[:n] = words0 if words0 is not None else [g.slot_word(k, 0) for k in keys]
+    slots = np.zeros(4, dtype=np.int64)
+    seed = kernel.find_seed(kernel.geometry_vector(g), padded, sigs, n, slots)
+    if seed < 0:
+        raise TableFull(f"no bucket seed separates {n} keys")
+    return int(seed), slots[:n].tolist()
 
 
 def find_seeds_array(
