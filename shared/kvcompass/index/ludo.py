@@ -27,7 +27,7 @@ from kvcompass.index.othello import OthelloGraph
 from kvcompass.index.patches import BucketImages, OthelloReset, TablePatch, WordImages
 from kvcompass.index.seeds import find_seeds_array
 
-__all__ = ["MAX_CUCKOO_MOVES", "LudoTable"]
+__all__ = ["MAX_CUCKOO_MOVES", "LudoTable", "compile_write_kernel"]
 
 #: Fresh Othello hash seeds to try after a cycle before growing the table instead.
 _OTHELLO_ATTEMPTS = 16
@@ -510,6 +510,24 @@ class LudoTable:
         table._othello.set_words(stored)
         t.kid[occ] = kids
         return table
+
+
+def compile_write_kernel(value_bits: int = 0, fingerprint_bits: int = -1) -> None:
+    """Compile (or load from numba's on-disk cache) the write path for these tables.
+
+    Services call it before taking traffic; the default covers every value and
+    fingerprint width. The first compile on a machine takes tens of seconds, later
+    processes load the cached machine code in about a second.
+    """
+    for bits in (32, 64) if value_bits == 0 else (value_bits,):
+        for fp in (0, 16) if fingerprint_bits < 0 else (fingerprint_bits,):
+            # Enough keys to exercise every path (insert, move, re-seed, update, remove).
+            table = LudoTable.with_capacity(
+                16, value_bits=bits, fingerprint_bits=fp, rng=random.Random(0)
+            )
+            keys = np.arange(1, 41, dtype=np.uint64)
+            table.put_many(keys, keys)
+            table.put_many(keys, np.zeros_like(keys))
 
 
 def _cell_dtype(g: TableGeometry) -> np.dtype[np.unsignedinteger[Any]]:
