@@ -22,6 +22,7 @@ import redis
 import structlog
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
+from kvcompass.index.ludo import compile_write_kernel
 from kvcompass.maintenance import BadEvent, Flush, ShardState
 from kvcompass.services.kafka import consumer_config, producer_config
 from kvcompass.services.maintenance.metrics import MaintenanceMetrics
@@ -91,6 +92,11 @@ class MaintenanceUnit:
     def run(self, max_seconds: float | None = None) -> None:
         """Consume and apply until ``stop`` is set (or ``max_seconds`` pass), then drain."""
         s = self.settings
+        # Load (or, on a new machine, compile) the index write path before joining the
+        # group, so the first events after an assignment are not held up by it.
+        started = time.monotonic()
+        compile_write_kernel()
+        log.info("write_kernel_ready", seconds=round(time.monotonic() - started, 2))
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         self._consumer.subscribe(
             [s.topic_events],
