@@ -13,13 +13,15 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kvcompass.index.layout import IndexLayout, Tier
+import numpy as np
+
+from kvcompass.index.layout import IndexLayout
 from kvcompass.index.ludo import LudoTable
 from kvcompass.index.patches import TablePatch
-from kvcompass.keys import shard_of
+from kvcompass.keys import shard_of_array
 from kvcompass.snapshot import ShardSnapshot, SnapshotMeta
 from kvcompass.topology import Topology
-from kvcompass.wire import EventKind, KVEventBatch
+from kvcompass.wire import KVEventBatch
 
 __all__ = ["BadEvent", "Flush", "ShardState"]
 
@@ -96,20 +98,23 @@ class ShardState:
     # -- events ----------------------------------------------------------------------
 
     def apply(self, batch: KVEventBatch, offset: int) -> bool:
-        """Apply a batch read at ``offset``; False when it was a duplicate (dropped)."""
+        """Apply a batch read at ``offset``; False when it was a duplicate (dropped).
+
+        Every key of every event, in order: ``write_bits(key, clear=3 << 2·field,
+        bits=tier << 2·field)`` (tier 0 for EVICT), as one call for the whole batch.
+        """
         table_id, field = self._check(batch)
         self.events_offset = offset
         if batch.worker_seq <= self.worker_seq.get(batch.worker_id, -1):
             self.duplicates += 1
             return False
-        write = self.tables[table_id].write_bits
-        shift = field << 1
-        clear = 3 << shift
-        for event in batch.events:
-            bits = 0 if event.kind == EventKind.EVICT else int(event.tier) << shift
-            for _, key in event.keys:
-                write(key, clear, bits)
-            self.applied_keys += len(event.keys)
+        keys = batch.key_array
+        if len(keys):
+            shift = 2 * field
+            bits = batch.key_tiers().astype(np.uint64) << np.uint64(shift)
+            clear = np.full(len(keys), 3 << shift, dtype=np.uint64)
+            self.tables[table_id].write_bits_many(keys, clear, bits)
+        self.applied_keys += len(keys)
         self.worker_seq[batch.worker_id] = batch.worker_seq
         return True
 
@@ -127,15 +132,17 @@ class ShardState:
         index, region = known
         if batch.region != region:
             raise BadEvent(f"worker {batch.worker_id!r} is in {region!r}, not {batch.region!r}")
-        for i, event in enumerate(batch.events):
-            if event.kind != EventKind.EVICT and event.tier == Tier.ABSENT:
-                raise BadEvent(f"events[{i}]: {event.kind.name} needs tier VRAM or DRAM")
-            for length, key in event.keys:
-                if shard_of(key, self.n_shards) != self.shard:
-                    raise BadEvent(
-                        f"events[{i}]: key {key} (length {length}) belongs to shard "
-                        f"{shard_of(key, self.n_shards)}"
-                    )
+        # A batch's tiers already match its kinds (KVEventBatch refuses anything else).
+        keys = batch.key_array
+        if len(keys):
+            owners = shard_of_array(keys, self.n_shards)
+            foreign = np.flatnonzero(owners != self.shard)
+            if len(foreign):
+                j = int(foreign[0])
+                raise BadEvent(
+                    f"events[{batch.event_of_key(j)}]: key {int(keys[j])} "
+                    f"(length {int(batch.length_array[j])}) belongs to shard {int(owners[j])}"
+                )
         return self.layout.slots[index]
 
     # -- output ----------------------------------------------------------------------

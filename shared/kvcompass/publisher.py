@@ -12,6 +12,9 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from kvcompass.index.layout import Tier
 from kvcompass.keys import Namespace, TokenIds, prefix_keys, shard_of
@@ -23,6 +26,17 @@ __all__ = ["EventPublisher", "Send"]
 
 #: Delivers one encoded batch to a shard's partition of ``kvc.events``.
 Send = Callable[[int, bytes], None]
+
+
+@dataclass(slots=True)
+class _Pending:
+    """One shard's buffered events, as the batch columns they become."""
+
+    kinds: list[int] = field(default_factory=list)
+    tiers: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    keys: list[int] = field(default_factory=list)
 
 
 class EventPublisher:
@@ -54,7 +68,7 @@ class EventPublisher:
         self.max_buffered_keys = max_buffered_keys
         self._lengths = plan.registration_lengths[worker.region]
         self._send = send
-        self._pending: dict[int, list[KVEvent]] = defaultdict(list)
+        self._pending: dict[int, _Pending] = defaultdict(_Pending)
         self._pending_keys = 0
         self.next_seq = time.time_ns() // 1000 if first_seq is None else first_seq
 
@@ -69,12 +83,19 @@ class EventPublisher:
 
     def publish(self, kind: EventKind, tokens: TokenIds, tier: Tier) -> list[KVEventBatch]:
         """Record the change of one cached prefix; returns the batches sent by this call."""
+        event = KVEvent(kind, tier)  # refuses a bad kind or tier now, not at the flush
         keys = prefix_keys(tokens, self._lengths, self.namespace)
         by_shard: dict[int, list[tuple[int, int]]] = defaultdict(list)
         for length, key in keys.items():
             by_shard[shard_of(key, self.n_shards)].append((length, key))
         for shard, pairs in by_shard.items():
-            self._pending[shard].append(KVEvent(kind, tier, tuple(pairs)))
+            pending = self._pending[shard]
+            pending.kinds.append(int(event.kind))
+            pending.tiers.append(int(event.tier))
+            pending.counts.append(len(pairs))
+            for length, key in pairs:
+                pending.lengths.append(length)
+                pending.keys.append(key)
         self._pending_keys += len(keys)
         if self._pending_keys >= self.max_buffered_keys:
             return self.flush()
@@ -85,13 +106,18 @@ class EventPublisher:
         sent = []
         now = time.time_ns()
         for shard in sorted(self._pending):
-            batch = KVEventBatch(
-                worker_id=self.worker.id,
-                region=self.worker.region,
-                worker_seq=self.next_seq,
-                shard=shard,
-                sent_at_ns=now,
-                events=tuple(self._pending[shard]),
+            pending = self._pending[shard]
+            batch = KVEventBatch.from_columns(
+                self.worker.id,
+                self.worker.region,
+                self.next_seq,
+                shard,
+                now,
+                kinds=np.array(pending.kinds, dtype=np.uint8),
+                tiers=np.array(pending.tiers, dtype=np.uint8),
+                counts=np.array(pending.counts, dtype=np.uint32),
+                lengths=np.array(pending.lengths, dtype=np.uint32),
+                keys=np.array(pending.keys, dtype=np.uint64),
             )
             self.next_seq += 1
             self._send(shard, encode(batch))

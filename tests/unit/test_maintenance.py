@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from kvcompass.index import LudoView
+from kvcompass.index import LudoTable, LudoView
 from kvcompass.index.layout import Tier
 from kvcompass.keys import Namespace, shard_of
 from kvcompass.levels import plan_levels
@@ -153,6 +153,64 @@ def test_key_of_another_shard_is_rejected() -> None:
     with pytest.raises(BadEvent, match="belongs to shard"):
         state.apply(batch, 0)
     assert len(state.tables[0]) == 0
+
+
+def test_the_error_names_the_event_and_key_of_another_shard() -> None:
+    mine = [k for k in range(1000) if shard_of(k, N_SHARDS) == 0][:3]
+    theirs = next(k for k in range(1000) if shard_of(k, N_SHARDS) == 2)
+    events = (
+        KVEvent(EventKind.ADMIT, Tier.VRAM, ((16, mine[0]), (32, mine[1]))),
+        KVEvent(EventKind.EVICT, Tier.ABSENT, ()),
+        KVEvent(EventKind.TIER, Tier.DRAM, ((16, mine[2]), (48, theirs))),
+    )
+    state = _states()[0]
+    with pytest.raises(BadEvent) as info:
+        state.apply(KVEventBatch("us-0", "us", 0, 0, 0, events), 0)
+    assert str(info.value) == f"events[2]: key {theirs} (length 48) belongs to shard 2"
+    assert len(state.tables[0]) == 0
+    assert state.worker_seq == {}
+
+
+def test_a_batch_is_one_write_of_every_key_in_event_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    keys = [k for k in range(1000) if shard_of(k, N_SHARDS) == 0][:4]
+    worker = TOPOLOGY.worker("us-0")
+    table_id, field = _states()[0].layout.slots[worker.index]
+    events = (
+        KVEvent(EventKind.ADMIT, Tier.VRAM, ((16, keys[0]), (32, keys[1]))),
+        KVEvent(EventKind.TIER, Tier.DRAM, ((16, keys[0]),)),
+        KVEvent(EventKind.EVICT, Tier.ABSENT, ((32, keys[1]), (48, keys[2]))),
+        KVEvent(EventKind.ADMIT, Tier.DRAM, ()),
+        KVEvent(EventKind.ADMIT, Tier.DRAM, ((64, keys[3]),)),
+    )
+    calls: list[tuple[list[int], list[int], list[int]]] = []
+    write_many = LudoTable.write_bits_many
+
+    def record(table: LudoTable, k: np.ndarray, c: np.ndarray, b: np.ndarray) -> None:
+        calls.append((k.tolist(), c.tolist(), b.tolist()))
+        write_many(table, k, c, b)
+
+    monkeypatch.setattr(LudoTable, "write_bits_many", record)
+    state = _states()[0]
+    assert state.apply(KVEventBatch(worker.id, worker.region, 5, 0, 0, events), 0)
+    shift = 2 * field
+    assert calls == [
+        (
+            [keys[0], keys[1], keys[0], keys[1], keys[2], keys[3]],
+            [3 << shift] * 6,
+            [1 << shift, 1 << shift, 2 << shift, 0, 0, 2 << shift],
+        )
+    ]
+    table = state.tables[table_id]
+    assert [table.get(k) for k in keys] == [2 << shift, 0, 0, 2 << shift]
+    assert state.applied_keys == 6
+    assert state.worker_seq == {worker.id: 5}
+    # A batch without keys still takes its sequence number and writes nothing.
+    empty = KVEventBatch(worker.id, worker.region, 6, 0, 0, (events[3],))
+    assert state.apply(empty, 1)
+    assert len(calls) == 1
+    assert (state.applied_keys, state.worker_seq) == (6, {worker.id: 6})
 
 
 def test_snapshot_restores_tables_positions_and_dedupe() -> None:

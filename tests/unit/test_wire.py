@@ -99,6 +99,10 @@ def u32(*v: int) -> NDArray[np.uint32]:
     return np.array(v, dtype=np.uint32)
 
 
+def u64(*v: int) -> NDArray[np.uint64]:
+    return np.array(v, dtype=np.uint64)
+
+
 def events_msg() -> KVEventBatch:
     return KVEventBatch(
         worker_id="us-east/w3",
@@ -180,13 +184,12 @@ GOLDEN = {
         "66cf7fffffffffffffffa27273d9246576656e74735b335d2e746965723a20657870656374656420"
         "302e2e322c20676f742037a2706cc40981a174a362616400ff"
     ),
-    "kv_events": (
-        "88a174a96b765f6576656e7473a176920100a177aa75732d656173742f7733a172a775732d656173"
-        "74a1712aa17307a27473cf17979cfe3d85cd15a1659484a16b01a2747201a26c6ec4081000000020"
-        "000000a26b79c410efcdab8967452301ffffffffffffff7f84a16b02a2747202a26c6ec404100000"
-        "00a26b79c408efcdab896745230184a16b03a2747200a26c6ec40430000000a26b79c40800000000"
-        "0000000084a16b01a2747202a26c6ec40c400000005000000060000000a26b79c418010000000000"
-        "000002000000000000000300000000000000"
+    "kv_events": (  # v2.0: columnar events
+        "8ca174a96b765f6576656e7473a176920200a177aa75732d656173742f7733a172a775732d656173"
+        "74a1712aa17307a27473cf17979cfe3d85cd15a16bc40401020301a27472c40401020002a16ec410"
+        "02000000010000000100000003000000a26c6ec41c10000000200000001000000030000000400000"
+        "005000000060000000a26b79c438efcdab8967452301ffffffffffffff7fefcdab89674523010000"
+        "000000000000010000000000000002000000000000000300000000000000"
     ),
     "patch_batch": (
         "89a174ab70617463685f6261746368a176920100a17303a2657002a17111a2656664a26574cc83a2"
@@ -205,6 +208,17 @@ GOLDEN = {
         "000029400000000065cdcd41"
     ),
 }
+# The same events_msg() as kv_events 1.0 (a map per event), which this reader refuses.
+KV_EVENTS_V1 = (
+    "88a174a96b765f6576656e7473a176920100a177aa75732d656173742f7733a172a775732d656173"
+    "74a1712aa17307a27473cf17979cfe3d85cd15a1659484a16b01a2747201a26c6ec4081000000020"
+    "000000a26b79c410efcdab8967452301ffffffffffffff7f84a16b02a2747202a26c6ec404100000"
+    "00a26b79c408efcdab896745230184a16b03a2747200a26c6ec40430000000a26b79c40800000000"
+    "0000000084a16b01a2747202a26c6ec40c400000005000000060000000a26b79c418010000000000"
+    "000002000000000000000300000000000000"
+)
+VERSIONS = {"kv_events": [2, 0], "patch_batch": [1, 0], "queue_vector": [1, 0]}
+VERSIONS["dead_letter"] = [1, 0]
 
 
 @pytest.mark.parametrize("tag", sorted(FIXED))
@@ -225,7 +239,13 @@ def test_fixed_messages_round_trip(tag: str) -> None:
     assert type(decode(memoryview(data), WireMessage)) is type(msg)
     raw = msgpack.unpackb(data)
     assert raw["t"] == tag
-    assert raw["v"] == [1, 0]
+    assert raw["v"] == VERSIONS[tag] == [type(msg).MAJOR, type(msg).MINOR]
+
+
+def test_kv_events_1_0_is_refused_naming_the_version() -> None:
+    with pytest.raises(WireError) as info:
+        decode(bytes.fromhex(KV_EVENTS_V1))
+    assert str(info.value) == "version: unsupported 'kv_events' version 1.0 (this reader: 2.x)"
 
 
 # -- round trips ----------------------------------------------------------------------
@@ -412,6 +432,168 @@ def test_subclasses_of_builtins_are_stored_as_the_builtins() -> None:
     assert type(letter.payload) is bytes
 
 
+# -- event batches as columns ---------------------------------------------------------
+
+
+def columns_of(batch: KVEventBatch) -> dict[str, NDArray[Any]]:
+    return {
+        "kinds": batch.kind_array,
+        "tiers": batch.tier_array,
+        "counts": batch.count_array,
+        "lengths": batch.length_array,
+        "keys": batch.key_array,
+    }
+
+
+def rebuilt(batch: KVEventBatch, **change: Any) -> KVEventBatch:
+    """``batch`` built again from its columns (some replaced)."""
+    columns = columns_of(batch) | change
+    header = (batch.worker_id, batch.region, batch.worker_seq, batch.shard, batch.sent_at_ns)
+    return KVEventBatch.from_columns(*header, **columns)
+
+
+@given(kv_batches)
+def test_columns_and_events_describe_the_same_batch(batch: KVEventBatch) -> None:
+    events = batch.events
+    assert batch.kind_array.tolist() == [int(e.kind) for e in events]
+    assert batch.tier_array.tolist() == [int(e.tier) for e in events]
+    assert batch.count_array.tolist() == [len(e.keys) for e in events]
+    pairs = [pair for e in events for pair in e.keys]
+    assert list(zip(batch.length_array.tolist(), batch.key_array.tolist(), strict=True)) == pairs
+    assert batch.key_tiers().tolist() == [int(e.tier) for e in events for _ in e.keys]
+    assert [batch.event_of_key(j) for j in range(batch.n_keys)] == [
+        i for i, e in enumerate(events) for _ in e.keys
+    ]
+    decoded = decode(encode(batch), KVEventBatch)
+    assert decoded == batch
+    assert decoded.events == events  # built from the columns, on first use
+    assert rebuilt(decoded) == batch
+    assert hash(decoded) == hash(batch)
+    assert pickle.loads(pickle.dumps(decoded)) == batch
+
+
+def test_columns_have_wire_dtypes_and_are_read_only() -> None:
+    for batch in (events_msg(), decode(encode(events_msg()), KVEventBatch)):
+        dtypes = {name: a.dtype for name, a in columns_of(batch).items()}
+        assert dtypes == {
+            "kinds": np.uint8,
+            "tiers": np.uint8,
+            "counts": np.uint32,
+            "lengths": np.uint32,
+            "keys": np.uint64,
+        }
+        for name, column in columns_of(batch).items():
+            assert not column.flags.writeable, name
+        with pytest.raises(AttributeError):
+            batch.shard = 3  # type: ignore[misc]
+    assert "events=4, keys=7" in repr(events_msg())
+
+
+def test_from_columns_copies_its_arrays() -> None:
+    keys = u64(5, 6)
+    batch = KVEventBatch.from_columns(
+        "w", "r", 0, 0, 0, kinds=np.array([1], np.uint8), tiers=np.array([2], np.uint8),
+        counts=u32(2), lengths=u32(16, 32), keys=keys,
+    )  # fmt: skip
+    keys[0] = 2**63
+    assert batch.key_array.tolist() == [5, 6]
+    assert batch.events == (KVEvent(EventKind.ADMIT, Tier.DRAM, ((16, 5), (32, 6))),)
+
+
+def test_event_of_key_refuses_an_index_out_of_range() -> None:
+    with pytest.raises(IndexError):
+        events_msg().event_of_key(7)
+
+
+FROM_COLUMNS_FAILURES: list[tuple[str, dict[str, Any], str, str]] = [
+    ("int64 kinds", {"kinds": np.array([1, 2, 3, 1])}, "events.kind", "expected uint8 values"),
+    ("list tiers", {"tiers": [1, 2, 0, 2]}, "events.tier", "expected a numpy array, got list"),
+    ("2-D keys", {"keys": u64(1, 2).reshape(1, 2)}, "events.keys.key", "expected shape (n,)"),
+    ("uint64 counts", {"counts": u64(2, 1, 1, 3)}, "events.key_count", "expected uint32 values"),
+    ("bad tier", {"tiers": np.array([1, 2, 0, 3], np.uint8)}, "events[3].tier", "got 3"),
+    ("counts", {"counts": u32(2, 1, 1, 2)}, "events", "key counts add up to 6"),
+    ("length 0", {"lengths": u32(1, 1, 1, 1, 1, 1, 0)}, "events[3].keys[2].length", "got 0"),
+]
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "text"),
+    [f[1:] for f in FROM_COLUMNS_FAILURES],
+    ids=[f[0] for f in FROM_COLUMNS_FAILURES],
+)
+def test_from_columns_checks_like_decode(change: dict[str, Any], field: str, text: str) -> None:
+    with pytest.raises(WireError) as info:
+        rebuilt(events_msg(), **change)
+    assert info.value.field == field
+    assert text in info.value.message
+
+
+def test_the_fast_event_check_agrees_with_the_scalar_checks() -> None:
+    from kvcompass.wire._event_columns import events_valid
+
+    for kind in range(256):
+        tiers = bytes(range(256))
+        fast = [events_valid(bytes([kind]), bytes([tier])) for tier in tiers]
+        slow = []
+        for tier in tiers:
+            try:
+                KVEvent(kind, tier)  # type: ignore[arg-type]
+            except WireError:
+                slow.append(False)
+            else:
+                slow.append(True)
+        assert fast == slow, kind
+
+
+@st.composite
+def raw_columns(draw: st.DrawFn) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+    """Event columns, often valid, often wrong in a small way (a value or a count)."""
+    n = draw(st.integers(0, 5))
+    counts = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    n_lengths = max(0, sum(counts) + draw(st.sampled_from([0, 0, 0, 0, -1, 1])))
+    n_keys = max(0, n_lengths + draw(st.sampled_from([0, 0, 0, 0, -1, 1])))
+    return (
+        draw(st.lists(st.integers(0, 4), min_size=n, max_size=n)),
+        draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)),
+        counts,
+        draw(st.lists(st.integers(0, 3), min_size=n_lengths, max_size=n_lengths)),
+        draw(st.lists(st.sampled_from([0, 1, I63, 2**63, U64]), min_size=n_keys, max_size=n_keys)),
+    )
+
+
+def per_event(
+    kinds: list[int], tiers: list[int], counts: list[int], lengths: list[int], keys: list[int]
+) -> tuple[KVEvent, ...]:
+    """The events the columns stand for, checked one by one by KVEvent (the reference)."""
+    if not len(lengths) == len(keys) == sum(counts):
+        raise WireError("key counts, lengths and keys disagree")
+    pairs = list(zip(lengths, keys, strict=True))
+    ends = np.cumsum(counts).tolist()
+    starts = [0, *ends][: len(ends)]
+    return tuple(
+        KVEvent(k, t, tuple(pairs[a:b]))  # type: ignore[arg-type]
+        for k, t, a, b in zip(kinds, tiers, starts, ends, strict=True)
+    )
+
+
+@given(raw_columns())
+@settings(max_examples=300)
+def test_decoded_columns_agree_with_the_per_event_checks(
+    columns: tuple[list[int], list[int], list[int], list[int], list[int]],
+) -> None:
+    kinds, tiers, counts, lengths, keys = columns
+    raw = raw_of(events_msg())
+    raw |= {"k": bytes(kinds), "tr": bytes(tiers), "n": u32(*counts).tobytes()}
+    raw |= {"ln": u32(*lengths).tobytes(), "ky": u64(*keys).tobytes()}
+    try:
+        want = per_event(*columns)
+    except WireError:
+        with pytest.raises(WireError, match=r"^events"):
+            decode(pack(raw))
+        return
+    assert decode(pack(raw), KVEventBatch).events == want
+
+
 # -- decoded patches drive a real view ------------------------------------------------
 
 
@@ -482,23 +664,24 @@ def pack(raw: object) -> bytes:
 def test_newer_minor_version_with_extra_fields_decodes(tag: str) -> None:
     msg = FIXED[tag]()
     raw = raw_of(msg)
-    raw["v"] = [1, 7]
+    raw["v"] = [type(msg).MAJOR, 7]
     raw["zz"] = {"added": [1, 2, 3], "in": b"1.7"}
     raw["x9"] = None
-    for nested in ("e", "tb"):
-        for item in raw.get(nested, []):
-            item["new"] = "ignored"
-            for sub in ("b", "w", "o"):
-                if sub in item:
-                    item[sub]["more"] = 1.5
+    for item in raw.get("tb", []):
+        item["new"] = "ignored"
+        for sub in ("b", "w", "o"):
+            if sub in item:
+                item[sub]["more"] = 1.5
     assert same(decode(pack(raw)), msg)
 
 
 @pytest.mark.parametrize("tag", sorted(FIXED))
 def test_newer_major_version_is_refused(tag: str) -> None:
-    raw = raw_of(FIXED[tag]())
-    raw["v"] = [2, 0]
-    with pytest.raises(WireError, match=r"^version: .* major version 2 is newer") as info:
+    msg = FIXED[tag]()
+    raw = raw_of(msg)
+    newer = type(msg).MAJOR + 1
+    raw["v"] = [newer, 0]
+    with pytest.raises(WireError, match=rf"^version: .* major version {newer} is newer") as info:
         decode(pack(raw))
     assert info.value.field == "version"
 
@@ -564,32 +747,69 @@ DECODE_FAILURES: list[tuple[str, Edit, str | None, str]] = [
     ("kv_events", put("q", value=True), "worker_seq", "expected int, got bool"),
     ("kv_events", put("s", value=2**31), "shard", "expected 0..2^31-1, got 2147483648"),
     ("kv_events", put("ts", value=1.5), "sent_at_ns", "expected int, got float"),
-    ("kv_events", drop("e"), "events", "missing required field 'e'"),
-    ("kv_events", put("e", value={}), "events", "expected an array, got dict"),
-    ("kv_events", put("e", 2, value=[1]), "events[2]", "expected a map, got list"),
-    ("kv_events", put("e", 3, "tr", value=7), "events[3].tier", "expected 0..2, got 7"),
-    ("kv_events", drop("e", 1, "tr"), "events[1].tier", "missing required field 'tr'"),
-    ("kv_events", put("e", 1, "k", value=9), "events[1].kind", "expected 1..3, got 9"),
-    ("kv_events", put("e", 1, "k", value=0), "events[1].kind", "expected 1..3, got 0"),
-    ("kv_events", put("e", 2, "tr", value=1), "events[2].tier", "EVICT carries tier 0, got 1"),
-    ("kv_events", put("e", 0, "tr", value=0), "events[0].tier", "ADMIT needs tier 1..2"),
-    ("kv_events", put("e", 1, "tr", value=0), "events[1].tier", "TIER needs tier 1..2"),
-    ("kv_events", put("e", 0, "ln", value="x"), "events[0].keys", "expected bytes, got str"),
-    ("kv_events", drop("e", 0, "ky"), "events[0].keys", "missing required field 'ky'"),
-    ("kv_events", put("e", 0, "ln", value=b"\x01\0\0"), "events[0].keys", "3 bytes is not"),
-    ("kv_events", put("e", 0, "ky", value=b"\0" * 9), "events[0].keys", "9 bytes is not"),
-    ("kv_events", put("e", 0, "ln", value=b"\x01\0\0\0"), "events[0].keys", "1 lengths but 2"),
+    # KVEventBatch columns (events_msg: kinds 1 2 3 1, tiers 1 2 0 2, key counts 2 1 1 3)
+    ("kv_events", put("v", value=[1, 0]), "version", "unsupported 'kv_events' version 1.0"),
+    ("kv_events", drop("k"), "events.kind", "missing required field 'k'"),
+    ("kv_events", put("k", value=[1, 2, 3, 1]), "events.kind", "expected bytes, got list"),
+    ("kv_events", put("tr", value="x"), "events.tier", "expected bytes, got str"),
+    ("kv_events", drop("n"), "events.key_count", "missing required field 'n'"),
+    ("kv_events", put("n", value=b"\0" * 15), "events.key_count", "15 bytes is not a whole"),
+    ("kv_events", put("ln", value=b"\x01\0\0"), "events.keys.length", "3 bytes is not"),
+    ("kv_events", put("ky", value=b"\0" * 9), "events.keys.key", "9 bytes is not"),
+    ("kv_events", drop("ky"), "events.keys.key", "missing required field 'ky'"),
+    ("kv_events", put("k", value=b"\1" * 65537), "events", "65537 items exceed the limit"),
+    ("kv_events", put("tr", value=b"\1\2\0"), "events", "4 kinds, 3 tiers and 4 key counts"),
+    ("kv_events", put("n", value=u32(2, 1, 1).tobytes()), "events", "and 3 key counts"),
+    ("kv_events", put("ln", value=u32(16, 32).tobytes()), "events.keys", "2 lengths but 7 keys"),
     (
         "kv_events",
-        put("e", 0, "ln", value=b"\x10\0\0\0\0\0\0\0"),
+        put("n", value=u32(2, 1, 1, 2).tobytes()),
+        "events",
+        "key counts add up to 6, but there are 7 keys",
+    ),
+    (
+        "kv_events",
+        put("n", value=u32(2, 1, 1, U32).tobytes()),
+        "events",
+        f"key counts add up to {4 + U32}, but",
+    ),
+    ("kv_events", put("tr", value=b"\1\2\0\7"), "events[3].tier", "expected 0..2, got 7"),
+    ("kv_events", put("tr", value=b"\1\7\1\7"), "events[1].tier", "expected 0..2, got 7"),
+    ("kv_events", put("k", value=b"\1\x09\3\1"), "events[1].kind", "expected 1..3, got 9"),
+    ("kv_events", put("k", value=b"\1\0\3\1"), "events[1].kind", "expected 1..3, got 0"),
+    ("kv_events", put("k", value=b"\1\2\3\xff"), "events[3].kind", "expected 1..3, got 255"),
+    ("kv_events", put("tr", value=b"\1\2\1\2"), "events[2].tier", "EVICT carries tier 0, got 1"),
+    ("kv_events", put("tr", value=b"\0\2\0\2"), "events[0].tier", "ADMIT needs tier 1..2"),
+    ("kv_events", put("tr", value=b"\1\0\0\2"), "events[1].tier", "TIER needs tier 1..2"),
+    (
+        "kv_events",
+        put("ln", value=u32(16, 0, 16, 48, 64, 80, 96).tobytes()),
         "events[0].keys[1].length",
         "expected 1..2^32-1, got 0",
     ),
     (
         "kv_events",
-        put("e", 3, "ky", value=b"\0" * 8 + b"\xff" * 8 + b"\0" * 8),
+        put("ln", value=u32(16, 32, 16, 48, 64, 80, 0).tobytes()),
+        "events[3].keys[2].length",
+        "expected 1..2^32-1, got 0",
+    ),
+    (
+        "kv_events",
+        put("ky", value=u64(1, 2, 3, 4, 5, U64, 7).tobytes()),
         "events[3].keys[1].key",
         f"expected 0..2^63-1, got {U64}",
+    ),
+    (
+        "kv_events",
+        put("ky", value=u64(1, 2, 2**63, 4, 5, 6, 7).tobytes()),
+        "events[1].keys[0].key",
+        f"expected 0..2^63-1, got {2**63}",
+    ),
+    (  # the first bad key wins, whichever column it is bad in
+        "kv_events",
+        put("ky", value=u64(1, 2, 3, 4, 2**63, 6, 7).tobytes()),
+        "events[3].keys[0].key",
+        "expected 0..2^63-1",
     ),
     # PatchBatch
     ("patch_batch", put("s", value=-3), "shard", "expected 0..2^31-1, got -3"),
@@ -749,7 +969,7 @@ def test_decode_failure_names_the_field(tag: str, edit: Edit, field: str, text: 
 
 def test_the_documented_example_error_reads_exactly() -> None:
     raw = raw_of(events_msg())
-    raw["e"][3]["tr"] = 7
+    raw["tr"] = b"\1\2\0\7"
     with pytest.raises(WireError) as info:
         decode(pack(raw))
     assert str(info.value) == "events[3].tier: expected 0..2, got 7"
@@ -980,12 +1200,12 @@ def test_random_msgpack_objects_only_raise_wire_error(obj: object) -> None:
 
 
 WIRE_KEYS = ["w", "r", "q", "s", "ts", "e", "ep", "ef", "et", "tb", "wi", "qm", "tp", "pt"]
-WIRE_KEYS += ["of", "rs", "pl", "k", "tr", "ln", "ky", "id", "g", "sk", "b", "w", "o"]
+WIRE_KEYS += ["of", "rs", "pl", "k", "tr", "n", "ln", "ky", "id", "g", "sk", "b", "w", "o"]
 
 
 @given(
     st.fixed_dictionaries(
-        {"t": st.sampled_from(sorted(FIXED)), "v": st.sampled_from([[1, 0], [1, 3]])},
+        {"t": st.sampled_from(sorted(FIXED)), "v": st.sampled_from([[1, 0], [1, 3], [2, 0]])},
         optional=dict.fromkeys(WIRE_KEYS, msgpack_values),
     )
 )

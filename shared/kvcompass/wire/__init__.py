@@ -19,7 +19,8 @@ from kvcompass.wire._base import MAX_ITEMS, MAX_MESSAGE_BYTES, Buffer, WireMessa
 from kvcompass.wire._checks import WireError
 from kvcompass.wire._codec import Message, decode, encode
 from kvcompass.wire._dead_letter import DeadLetter
-from kvcompass.wire._events import EventKind, KVEvent, KVEventBatch
+from kvcompass.wire._event import EventKind, KVEvent
+from kvcompass.wire._events import KVEventBatch
 from kvcompass.wire._patches import PatchBatch, TablePatchWire, TableReload
 from kvcompass.wire._queues import QueueVector
 

@@ -242,7 +242,7 @@ class Fields:
             raise WireError(f"expected bytes, got {kind_of(value)}", self.name(name))
         return value
 
-    def array(self, key: str, name: str, dtype: str) -> NDArray[Any]:
+    def array(self, key: str, name: str, dtype: str | np.dtype[Any]) -> NDArray[Any]:
         """A packed little-endian array held in a bin field (a read-only view of it)."""
         data = self.blob(key, name)
         size = np.dtype(dtype).itemsize

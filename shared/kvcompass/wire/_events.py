@@ -1,160 +1,80 @@
-"""KV events: what a worker tells its shards' maintenance units about its cache."""
+"""KV event batches: what a worker tells its shards' maintenance units about its cache."""
 
 from __future__ import annotations
 
-import struct
-from dataclasses import dataclass
-from enum import IntEnum
-from typing import ClassVar
+from collections.abc import Sequence
+from dataclasses import FrozenInstanceError
+from typing import Any, ClassVar, NoReturn
 
-from kvcompass.index.layout import Tier
+import numpy as np
+from numpy.typing import NDArray
+
 from kvcompass.wire._base import MAX_ITEMS, WireMessage, register
 from kvcompass.wire._checks import (
     I64_MAX,
     PARTITION_MAX,
-    U32_MAX,
     Fields,
     WireError,
-    build,
     check_int,
+    check_str,
     check_tuple,
     kind_of,
-    set_int,
-    set_str,
+)
+from kvcompass.wire._event import KVEvent
+from kvcompass.wire._event_columns import (
+    COLUMNS,
+    EventColumns,
+    check_columns,
+    columns_of,
+    events_of,
+    own_columns,
 )
 
-__all__ = ["EventKind", "KVEvent", "KVEventBatch"]
+__all__ = ["KVEventBatch"]
 
-
-class EventKind(IntEnum):
-    """What happened to an event's keys on the worker."""
-
-    #: Newly cached, in the event's tier.
-    ADMIT = 1
-    #: Moved to the event's tier (VRAM ↔ DRAM).
-    TIER = 2
-    #: Dropped from the worker; the event's tier is ABSENT (0).
-    EVICT = 3
-
-
-def _kind(value: object) -> EventKind:
-    return EventKind(check_int(value, "kind", 1, 3))
-
-
-def _tier(kind: EventKind, value: object) -> Tier:
-    tier = Tier(check_int(value, "tier", 0, 2))
-    if kind is EventKind.EVICT and tier is not Tier.ABSENT:
-        raise WireError(f"EVICT carries tier 0, got {int(tier)}", "tier")
-    if kind is not EventKind.EVICT and tier is Tier.ABSENT:
-        raise WireError(f"{kind.name} needs tier 1..2 (VRAM, DRAM), got 0", "tier")
-    return tier
-
-
-def _keys(value: object) -> tuple[tuple[int, int], ...]:
-    items = check_tuple(value, "keys")
-    for pair in items:  # fast path: already exact (int, int) tuples in range
-        if not (
-            type(pair) is tuple
-            and len(pair) == 2
-            and type(pair[0]) is int
-            and type(pair[1]) is int
-            and 0 < pair[0] <= U32_MAX
-            and 0 <= pair[1] <= I64_MAX
-        ):
-            break
-    else:
-        return items
-    return tuple(_pair(pair, i) for i, pair in enumerate(items))
-
-
-def _pair(pair: object, i: int) -> tuple[int, int]:
-    field = f"keys[{i}]"
-    if not isinstance(pair, tuple | list) or len(pair) != 2:
-        raise WireError(f"expected a (length, key) pair, got {kind_of(pair)}", field)
-    length = check_int(pair[0], f"{field}.length", 1, U32_MAX)
-    return length, check_int(pair[1], f"{field}.key", 0, I64_MAX)
-
-
-@dataclass(frozen=True, slots=True)
-class KVEvent:
-    """One change to some of a worker's cached prefixes, all of the same kind and tier.
-
-    ``keys`` are (length, key) pairs: the prefix length in tokens (> 0, < 2^32) and its
-    63-bit key (``kvcompass.keys``). ``tier`` is where the keys now are: VRAM or DRAM for
-    ADMIT and TIER, ABSENT (0) for EVICT. Ints are accepted for ``kind`` and ``tier`` and
-    stored as the enums.
-
-    Wire map (an element of ``KVEventBatch`` ``"e"``):
-
-    ====  =====  ==============================================================
-    key   field  encoding
-    ====  =====  ==============================================================
-    k     kind   int: 1 ADMIT, 2 TIER, 3 EVICT
-    tr    tier   int 0..2: 0 ABSENT, 1 VRAM, 2 DRAM
-    ln    keys   bin: every pair's length, uint32 little-endian
-    ky    keys   bin: every pair's key, uint64 little-endian (same count as ``ln``)
-    ====  =====  ==============================================================
-    """
-
-    kind: EventKind
-    tier: Tier
-    keys: tuple[tuple[int, int], ...] = ()
-
-    def __post_init__(self) -> None:
-        kind = _kind(self.kind)
-        object.__setattr__(self, "kind", kind)
-        object.__setattr__(self, "tier", _tier(kind, self.tier))
-        object.__setattr__(self, "keys", _keys(self.keys))
-
-    def _body(self) -> dict[str, object]:
-        n = len(self.keys)
-        lengths, keys = zip(*self.keys, strict=True) if n else ((), ())
-        return {
-            "k": int(self.kind),
-            "tr": int(self.tier),
-            "ln": struct.pack(f"<{n}I", *lengths),
-            "ky": struct.pack(f"<{n}Q", *keys),
-        }
-
-    @classmethod
-    def _from_body(cls, f: Fields) -> KVEvent:
-        lengths = f.array("ln", "keys", "<u4")
-        keys = f.array("ky", "keys", "<u8")
-        if len(lengths) != len(keys):
-            raise WireError(f"{len(lengths)} lengths but {len(keys)} keys", f.name("keys"))
-        kind = build(f.path, _kind, f.integer("k", "kind"))
-        tier = build(f.path, _tier, kind, f.integer("tr", "tier"))
-        pairs = tuple(zip(lengths.tolist(), keys.tolist(), strict=True))
-        return build(f.path, cls, kind, tier, pairs)
+_HEADER = ("worker_id", "region", "worker_seq", "shard", "sent_at_ns")
+#: Wire keys of the columns, in EventColumns order.
+_COLUMN_KEYS = ("k", "tr", "n", "ln", "ky")
 
 
 @register
-@dataclass(frozen=True, slots=True)
 class KVEventBatch(WireMessage):
     """A worker's cache changes for one shard, published to ``kvc.events`` (partition =
-    ``shard``; every key of the batch belongs to that shard).
+    ``shard``; every key of the batch belongs to that shard). Immutable.
 
     ``worker_seq`` numbers the worker's batches, increasing monotonically: a maintenance
     unit drops a batch whose ``worker_seq`` is not above the last one it applied from that
     worker (a redelivery). ``sent_at_ns`` is the sender's wall clock (ns since the Unix
     epoch).
 
-    Wire map, tag ``"kv_events"``, version 1.0:
+    The events are held as columns, all events concatenated (``*_array``, read-only), so
+    decoding and applying a batch costs numpy calls per batch rather than Python work per
+    event. :attr:`events` gives them as :class:`KVEvent` objects, built on first use.
+    Build a batch from events (``KVEventBatch(..., events=(...))``) or from columns
+    (:meth:`from_columns`).
 
-    ====  ============  ===================================================
+    Wire map, tag ``"kv_events"``, version 2.0 (1.x, a map per event, is refused):
+
+    ====  ============  =========================================================
     key   field         encoding
-    ====  ============  ===================================================
+    ====  ============  =========================================================
     w     worker_id     str, non-empty
     r     region        str, non-empty
     q     worker_seq    int 0..2^63-1
     s     shard         int 0..2^31-1
     ts    sent_at_ns    int 0..2^63-1
-    e     events        array of :class:`KVEvent` maps (at most 65536)
-    ====  ============  ===================================================
+    k     kind          bin: per event, uint8: 1 ADMIT, 2 TIER, 3 EVICT (≤ 65536)
+    tr    tier          bin: per event, uint8: 0 ABSENT (EVICT), 1 VRAM, 2 DRAM
+    n     key count     bin: per event, uint32 LE, adding up to the keys below
+    ln    key length    bin: per key, uint32 LE, > 0 (prefix length in tokens)
+    ky    key           bin: per key, uint64 LE, < 2^63, same count as ``ln``
+    ====  ============  =========================================================
     """
 
+    __slots__ = ("_columns", "_events", *_HEADER)
+
     TAG: ClassVar[str] = "kv_events"
-    MAJOR: ClassVar[int] = 1
+    MAJOR: ClassVar[int] = 2
     MINOR: ClassVar[int] = 0
 
     worker_id: str
@@ -162,42 +82,177 @@ class KVEventBatch(WireMessage):
     worker_seq: int
     shard: int
     sent_at_ns: int
-    events: tuple[KVEvent, ...] = ()
+    _columns: EventColumns
+    _events: tuple[KVEvent, ...] | None
 
-    def __post_init__(self) -> None:
-        set_str(self, "worker_id")
-        set_str(self, "region")
-        set_int(self, "worker_seq", 0, I64_MAX)
-        set_int(self, "shard", 0, PARTITION_MAX)
-        set_int(self, "sent_at_ns", 0, I64_MAX)
-        events = check_tuple(self.events, "events", MAX_ITEMS)
+    def __init__(
+        self,
+        worker_id: str,
+        region: str,
+        worker_seq: int,
+        shard: int,
+        sent_at_ns: int,
+        events: Sequence[KVEvent] = (),
+    ) -> None:
+        self._set_header(worker_id, region, worker_seq, shard, sent_at_ns)
+        events = check_tuple(events, "events", MAX_ITEMS)
         for i, event in enumerate(events):
             if not isinstance(event, KVEvent):
                 raise WireError(f"expected KVEvent, got {kind_of(event)}", f"events[{i}]")
-        object.__setattr__(self, "events", events)
+        object.__setattr__(self, "_columns", columns_of(events))
+        object.__setattr__(self, "_events", events)
+
+    @classmethod
+    def from_columns(
+        cls,
+        worker_id: str,
+        region: str,
+        worker_seq: int,
+        shard: int,
+        sent_at_ns: int,
+        *,
+        kinds: NDArray[np.uint8],
+        tiers: NDArray[np.uint8],
+        counts: NDArray[np.uint32],
+        lengths: NDArray[np.uint32],
+        keys: NDArray[np.uint64],
+    ) -> KVEventBatch:
+        """A batch of event columns laid out and typed as :attr:`kind_array` ..
+        :attr:`key_array` (uint8, uint8, uint32, uint32, uint64); copied, then checked
+        like decoded ones."""
+        return cls._of(
+            (worker_id, region, worker_seq, shard, sent_at_ns),
+            own_columns((kinds, tiers, counts, lengths, keys)),
+        )
+
+    @classmethod
+    def _of(cls, header: tuple[Any, ...], columns: EventColumns) -> KVEventBatch:
+        """A batch of checked columns, without building events."""
+        batch = object.__new__(cls)
+        batch._set_header(*header)
+        object.__setattr__(batch, "_columns", columns)
+        object.__setattr__(batch, "_events", None)
+        return batch
+
+    def _set_header(
+        self, worker_id: object, region: object, worker_seq: object, shard: object, ts: object
+    ) -> None:
+        put = object.__setattr__
+        put(self, "worker_id", check_str(worker_id, "worker_id"))
+        put(self, "region", check_str(region, "region"))
+        put(self, "worker_seq", check_int(worker_seq, "worker_seq", 0, I64_MAX))
+        put(self, "shard", check_int(shard, "shard", 0, PARTITION_MAX))
+        put(self, "sent_at_ns", check_int(ts, "sent_at_ns", 0, I64_MAX))
+
+    # -- the events, per event and as columns ----------------------------------------
+
+    @property
+    def events(self) -> tuple[KVEvent, ...]:
+        """The events as objects, in order (built on first use, then kept)."""
+        events = self._events
+        if events is None:
+            events = events_of(self._columns)
+            object.__setattr__(self, "_events", events)
+        return events
+
+    @property
+    def kind_array(self) -> NDArray[np.uint8]:
+        """Per event, its :class:`EventKind` value."""
+        return self._columns.kinds
+
+    @property
+    def tier_array(self) -> NDArray[np.uint8]:
+        """Per event, its tier (0 exactly for EVICT)."""
+        return self._columns.tiers
+
+    @property
+    def count_array(self) -> NDArray[np.uint32]:
+        """Per event, how many keys it holds (consecutive in the key columns)."""
+        return self._columns.counts
+
+    @property
+    def length_array(self) -> NDArray[np.uint32]:
+        """Per key, its prefix length in tokens."""
+        return self._columns.lengths
+
+    @property
+    def key_array(self) -> NDArray[np.uint64]:
+        """Per key, the key (every event's keys, in event order)."""
+        return self._columns.keys
+
+    def key_tiers(self) -> NDArray[np.uint8]:
+        """Per key, its event's tier: the key's new 2-bit tier field (0 for EVICT)."""
+        c = self._columns
+        return np.repeat(c.tiers, c.counts)
+
+    def event_of_key(self, j: int) -> int:
+        """Index of the event holding key ``j`` of :attr:`key_array`."""
+        if not 0 <= j < len(self._columns.keys):
+            raise IndexError(f"key index {j} out of range")
+        return int(np.searchsorted(np.cumsum(self._columns.counts), j, side="right"))
 
     @property
     def n_keys(self) -> int:
         """Keys over all events."""
-        return sum(len(e.keys) for e in self.events)
+        return len(self._columns.keys)
+
+    # -- value semantics -------------------------------------------------------------
+
+    def _header(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in _HEADER)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, KVEventBatch):
+            return NotImplemented
+        return self._header() == other._header() and all(
+            np.array_equal(a, b)
+            for a, b in zip(self._columns.arrays(), other._columns.arrays(), strict=True)
+        )
+
+    def __hash__(self) -> int:
+        return hash((self._header(), *(column.tobytes() for column in self._columns.arrays())))
+
+    def __repr__(self) -> str:
+        head = ", ".join(f"{name}={getattr(self, name)!r}" for name in _HEADER)
+        return f"KVEventBatch({head}, events={len(self._columns.kinds)}, keys={self.n_keys})"
+
+    def __setattr__(self, name: str, value: object) -> NoReturn:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> NoReturn:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (KVEventBatch.from_bytes, (self.to_bytes(),))
+
+    # -- wire ------------------------------------------------------------------------
 
     def _body(self) -> dict[str, object]:
-        return {
+        body: dict[str, object] = {
             "w": self.worker_id,
             "r": self.region,
             "q": self.worker_seq,
             "s": self.shard,
             "ts": self.sent_at_ns,
-            "e": [event._body() for event in self.events],
         }
+        for key, column in zip(_COLUMN_KEYS, self._columns.arrays(), strict=True):
+            body[key] = column.tobytes()
+        return body
 
     @classmethod
     def _from_body(cls, f: Fields) -> KVEventBatch:
-        return cls(
-            worker_id=f.text("w", "worker_id"),
-            region=f.text("r", "region"),
-            worker_seq=f.integer("q", "worker_seq"),
-            shard=f.integer("s", "shard"),
-            sent_at_ns=f.integer("ts", "sent_at_ns"),
-            events=tuple(KVEvent._from_body(e) for e in f.maps("e", "events")),
+        header = (
+            f.text("w", "worker_id"),
+            f.text("r", "region"),
+            f.integer("q", "worker_seq"),
+            f.integer("s", "shard"),
+            f.integer("ts", "sent_at_ns"),
         )
+        columns = EventColumns(
+            *(
+                f.array(key, name, dtype)
+                for key, (name, dtype) in zip(_COLUMN_KEYS, COLUMNS, strict=True)
+            )
+        )
+        check_columns(columns)
+        return cls._of(header, columns)
