@@ -127,6 +127,16 @@ class OthelloArrays(NamedTuple):
     state: NDArray[np.int64]  # free-stack top, dirty words, search stamp
 
 
+class _Scratch(NamedTuple):
+    """Work arrays of one ``apply_writes`` call, allocated once instead of per insert."""
+
+    side: NDArray[np.int32]  # a smaller-side search's nodes
+    bfs: NDArray[np.int64]  # cuckoo search entries: bucket, parent, cell, depth
+    entry_ints: NDArray[np.int64]  # a re-seeded bucket's keys, key ids, alt buckets
+    entry_words: NDArray[np.uint64]  # ... and their values, fingerprints, slot words
+    slots: NDArray[np.int64]  # ... and their cells under the new seed
+
+
 def geometry_vector(g: TableGeometry) -> NDArray[np.uint64]:
     """The numbers of a table geometry in the order the kernel reads them."""
     return np.array(
@@ -400,6 +410,7 @@ def find_seed(
 def _place(
     t: TableArrays,
     geo: NDArray[np.uint64],
+    s: _Scratch,
     bucket: Index,
     key: Index,
     value: np.uint64,
@@ -432,12 +443,8 @@ def _place(
         t.alt[pos] = alt
         t.sig[pos] = sig0
         return pos
-    ek = np.empty(4, dtype=np.int64)
-    ev = np.empty(4, dtype=np.uint64)
-    ef = np.empty(4, dtype=np.uint64)
-    eid = np.empty(4, dtype=np.int64)
-    ealt = np.empty(4, dtype=np.int64)
-    esig = np.empty(4, dtype=np.uint64)
+    ek, eid, ealt = s.entry_ints[0], s.entry_ints[1], s.entry_ints[2]
+    ev, ef, esig = s.entry_words[0], s.entry_words[1], s.entry_words[2]
     n = 0
     for q in range(base, base + 4):
         if keys[q] != _EMPTY:
@@ -446,7 +453,7 @@ def _place(
             n += 1
     ek[n], ev[n], ef[n], eid[n], ealt[n], esig[n] = key, value, fp, kid, alt, sig0
     n += 1
-    slots = np.empty(4, dtype=np.int64)
+    slots = s.slots
     seed = find_seed(geo, ek, esig, n, slots)
     if seed < 0:
         return -1
@@ -470,10 +477,10 @@ def _displace(
     t: TableArrays,
     o: OthelloArrays,
     geo: NDArray[np.uint64],
+    s: _Scratch,
     b0: Index,
     b1: Index,
     toggle: bool,
-    scratch: NDArray[np.int32],
 ) -> Index:
     """Free a cell in b0 or b1 by a breadth-first cuckoo path; return that bucket.
 
@@ -481,10 +488,7 @@ def _displace(
     move found no seed.
     """
     fill, alts = t.fill, t.alt
-    e_bucket = np.empty(_MAX_BFS + 2, dtype=np.int64)
-    e_parent = np.empty(_MAX_BFS + 2, dtype=np.int64)
-    e_cell = np.empty(_MAX_BFS + 2, dtype=np.int64)
-    e_depth = np.empty(_MAX_BFS + 2, dtype=np.int64)
+    e_bucket, e_parent, e_cell, e_depth = s.bfs[0], s.bfs[1], s.bfs[2], s.bfs[3]
     stamp = _next_stamp(t.bucket_mark, t.state, _BSTAMP)
     mark = t.bucket_mark
     e_bucket[0], e_parent[0], e_cell[0], e_depth[0] = b0, -1, -1, 1
@@ -520,10 +524,10 @@ def _displace(
         key, value, fp = t.keys[q], np.uint64(t.cells[q]), np.uint64(t.fps[q])
         kid, sig0 = np.int64(t.kid[q]), t.sig[q]
         _clear(t, q)
-        if _place(t, geo, bucket, key, value, fp, q >> 2, sig0, kid) < 0:
+        if _place(t, geo, s, bucket, key, value, fp, q >> 2, sig0, kid) < 0:
             return -2
         if toggle:
-            othello_toggle(o, kid, scratch)
+            othello_toggle(o, kid, s.side)
         e = e_parent[e]
     return np.int64(e_bucket[e])
 
@@ -546,11 +550,11 @@ def _insert(
     t: TableArrays,
     o: OthelloArrays,
     geo: NDArray[np.uint64],
+    s: _Scratch,
     key: Index,
     value: np.uint64,
     b0: Index,
     b1: Index,
-    scratch: NDArray[np.int32],
 ) -> Index:
     if t.state[_COUNT] >= geo[_CAP]:
         return NEED_GROW
@@ -559,14 +563,14 @@ def _insert(
     a = np.int64(((h & _M32) * ma) >> _U32)
     b = np.int64(ma + (((h >> _U32) * mb) >> _U32))
     # Cycle test before any move: moves only toggle bits, never change edges.
-    count, side = othello_smaller_side(o, a, b, -1, scratch)
+    count, side = othello_smaller_side(o, a, b, -1, s.side)
     toggle = count != CYCLE
     sig0 = _slot_word(geo, np.uint64(key), 0)
     moved = False
     if t.fill[b0] < 4 or t.fill[b1] < 4:
         root = _roomiest(t, sig0, b0, b1)
     else:
-        root = _displace(t, o, geo, b0, b1, toggle, scratch)
+        root = _displace(t, o, geo, s, b0, b1, toggle)
         if root == -1:
             return NEED_GROW
         if root == -2:
@@ -576,14 +580,14 @@ def _insert(
     if geo[_FPBITS]:
         fp = _mix64(np.uint64(key) ^ geo[_FSEED]) >> (_U64 - geo[_FPBITS])
     other = b1 if root == b0 else b0
-    pos = _place(t, geo, root, key, value, fp, other, sig0, -1)
+    pos = _place(t, geo, s, root, key, value, fp, other, sig0, -1)
     if pos < 0:
         return NO_SEED
     t.state[_COUNT] += 1
     if not toggle:
         return NEED_REBUILD
     if moved:  # the moves' toggles reused the scratch that held the side
-        count, side = othello_smaller_side(o, a, b, -1, scratch)
+        count, side = othello_smaller_side(o, a, b, -1, s.side)
     t.kid[pos] = othello_add_edge(o, a, b, 0 if root == b0 else 1, side, count)
     return DONE
 
@@ -605,7 +609,13 @@ def apply_writes(
     bits within the value width.
     """
     nb = geo[_NB]
-    scratch = np.empty(64, dtype=np.int32)
+    s = _Scratch(
+        np.empty(64, dtype=np.int32),
+        np.empty((4, _MAX_BFS + 2), dtype=np.int64),
+        np.empty((3, 4), dtype=np.int64),
+        np.empty((3, 4), dtype=np.uint64),
+        np.empty(4, dtype=np.int64),
+    )
     for i in range(start, len(keys)):
         key = keys[i]
         x = _mix64(key ^ geo[_BSEED])
@@ -626,7 +636,7 @@ def apply_writes(
                 _clear(t, pos)
                 t.state[_COUNT] -= 1
         elif bits[i]:
-            status = _insert(t, o, geo, k, bits[i], b0, b1, scratch)
+            status = _insert(t, o, geo, s, k, bits[i], b0, b1)
             if status != DONE:
                 return status, i
     return DONE, len(keys)
