@@ -57,7 +57,10 @@ class LocalCluster:
         shards: int,
         topology: str,
         initial_capacity: int = 65_536,
+        linger_ms: float = 2.0,
     ) -> None:
+        """``linger_ms``: linger.ms of :attr:`producer`, which stands in for the workers'
+        event producers."""
         self.kafka_bootstrap = kafka_bootstrap
         self.redis_url = redis_url
         self.log_dir = log_dir
@@ -85,7 +88,11 @@ class LocalCluster:
         self.processes: list[subprocess.Popen[bytes]] = []
         self.last_event_offset: dict[int, int] = {}
         self.producer = Producer(
-            {"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True, "linger.ms": 2}
+            {
+                "bootstrap.servers": kafka_bootstrap,
+                "enable.idempotence": True,
+                "linger.ms": linger_ms,
+            }
         )
 
     # -- processes ---------------------------------------------------------------------

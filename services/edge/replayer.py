@@ -24,7 +24,7 @@ from kvcompass.index.errors import GenerationMismatch, SnapshotError
 from kvcompass.index.layout import IndexLayout
 from kvcompass.index.patches import TablePatch
 from kvcompass.services.edge.settings import EdgeSettings
-from kvcompass.services.kafka import consumer_config
+from kvcompass.services.kafka import consume_ready, consumer_config
 from kvcompass.services.snapstore import SnapshotStore
 from kvcompass.shm import SharedIndexWriter
 from kvcompass.topology import Topology
@@ -113,8 +113,8 @@ class EdgeReplayer:
                     if self.stop.wait(self.settings.bootstrap_retry_s):
                         break
                     continue
-                # A short timeout: consume() waits for the full count or the timeout.
-                messages = self._consumer.consume(1000, 0.005)
+                # Returns at the first message; the timeout only paces the idle loop.
+                messages = consume_ready(self._consumer, 1000, 0.05)
                 self._idle = not messages
                 for message in self._with_faults(messages):
                     self._handle(message)

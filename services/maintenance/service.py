@@ -4,8 +4,9 @@ One consumer group over ``kvc.events``; every assigned partition is a shard this
 writes. On assignment it restores the shard's Redis snapshot (or starts empty), bumps the
 shard epoch, snapshots again, and resumes at the snapshot's offset + 1 (never at the
 group's committed offset, which may be ahead of what the snapshot holds). Events are
-applied as they come; every ``flush_ms`` the touched tables' patches go to the shard's
-partition of ``kvc.patches``. Snapshots are written periodically, on revocation and on
+applied as they come; once a shard's part of a short read is applied (or every
+``flush_ms`` under load) the touched tables' patches go to the shard's partition of
+``kvc.patches``. Snapshots are written periodically, on revocation and on
 shutdown, each after the producer has delivered every earlier patch batch, and only
 then are ``kvc.events`` offsets committed. A crash at any point therefore replays from
 the last snapshot: nothing acknowledged is lost and redeliveries are dropped by the
@@ -24,7 +25,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 
 from kvcompass.index.ludo import compile_write_kernel
 from kvcompass.maintenance import BadEvent, Flush, ShardState
-from kvcompass.services.kafka import consumer_config, producer_config
+from kvcompass.services.kafka import consume_ready, consumer_config, producer_config
 from kvcompass.services.maintenance.metrics import MaintenanceMetrics
 from kvcompass.services.maintenance.settings import MaintenanceSettings
 from kvcompass.services.snapstore import SnapshotStore
@@ -52,6 +53,7 @@ class _Owned:
     state: ShardState
     last_snapshot: float = field(default_factory=time.monotonic)
     pending_keys: int = 0
+    read: bool = False  # read events since the last flush (flushing others finds nothing)
 
 
 class MaintenanceUnit:
@@ -109,12 +111,12 @@ class MaintenanceUnit:
             while not self.stop.is_set():
                 if deadline is not None and time.monotonic() > deadline:
                     break
-                messages = self._consumer.consume(_CONSUME_BATCH, s.flush_ms / 1000)
-                for message in messages:
-                    self._handle(message)
+                messages = consume_ready(self._consumer, _CONSUME_BATCH, s.flush_ms / 1000)
                 # A short read means the unit is caught up: publish now rather than
                 # wait out the window; under load the window coalesces writes.
-                self._maybe_flush(force=len(messages) < _CONSUME_BATCH)
+                caught_up = len(messages) < _CONSUME_BATCH
+                self._apply_read(messages, flush_runs=caught_up)
+                self._maybe_flush(force=caught_up)
                 self._maybe_snapshot()
         finally:
             self._drain()
@@ -196,6 +198,18 @@ class MaintenanceUnit:
 
     # -- events ------------------------------------------------------------------------
 
+    def _apply_read(self, messages: list[Message], *, flush_runs: bool) -> None:
+        """Apply a read; ``flush_runs`` publishes each shard's patches as soon as its
+        run of messages is applied (a read often holds several shards' runs in a row,
+        and the last shard's would otherwise hold back the others)."""
+        for i, message in enumerate(messages):
+            self._handle(message)
+            shard = message.partition()
+            run_ends = i + 1 == len(messages) or messages[i + 1].partition() != shard
+            owned = None if shard is None else self.owned.get(shard)
+            if flush_runs and run_ends and owned is not None and owned.read:
+                self._flush(owned.state.shard)
+
     def _handle(self, message: Message) -> None:
         error = message.error()
         if error is not None:
@@ -207,10 +221,11 @@ class MaintenanceUnit:
         owned = None if shard is None else self.owned.get(shard)
         if owned is None or offset is None:
             return  # a message fetched just before a revocation
+        owned.read = True
         payload = message.value() or b""
         try:
             batch = decode(payload, KVEventBatch)
-            applied = owned.state.apply(batch, offset)
+            applied = owned.state.stage(batch, offset)  # written at the next flush
         except (WireError, BadEvent) as exc:
             self._dead_letter(message, str(exc), "wire" if isinstance(exc, WireError) else "bad")
             owned.state.skip(offset)
@@ -245,7 +260,7 @@ class MaintenanceUnit:
         now = time.monotonic()
         due = force or (now - self._last_flush) * 1000 >= self.settings.flush_ms
         for shard, owned in list(self.owned.items()):
-            if due or owned.pending_keys >= self.settings.flush_keys:
+            if owned.read and (due or owned.pending_keys >= self.settings.flush_keys):
                 self._flush(shard)
         if due:
             self._last_flush = now
@@ -256,6 +271,7 @@ class MaintenanceUnit:
         state = owned.state
         flush = state.flush()
         owned.pending_keys = 0
+        owned.read = False
         if flush is None:
             return
         # A batch without tables still tells edges (and lag monitors) how far this unit

@@ -14,7 +14,12 @@ class MaintenanceSettings(PipelineSettings):
     """Consumer group, flush window, snapshot cadence and the topology served."""
 
     group_id: str = setting("kvc-mu", "Consumer group of all maintenance units.")
-    flush_ms: float = setting(5.0, "Patch flush window: coalesce writes this long (ms).")
+    flush_ms: float = setting(
+        5.0,
+        "Patch flush window under load: while reads come back full, publish patches this "
+        "often (ms); after a short read each shard publishes as soon as its part of the "
+        "read is applied. Also the longest wait for the next event when idle.",
+    )
     flush_keys: int = setting(20_000, "Flush earlier once this many keys were applied.")
     snapshot_interval_s: float = setting(
         30.0, "Snapshot every owned shard to Redis at least this often (seconds)."

@@ -193,10 +193,12 @@ class ClusterSettings(ServiceSettings):
     replication_factor: int = setting(1, "Replication factor of topics created at start-up.")
     fetch_wait_ms: int = setting(
         20,
-        "Consumers' fetch.wait.max.ms. The embedded broker answers a fetch only when this "
-        "wait expires, and returns nothing when reading its log takes longer (measured: "
-        "5 ms reads almost nothing once a partition holds ~6K records, 20 ms reads 25K "
-        "records in 2 s), so it bounds each hop's latency from below and above.",
+        "Consumers' fetch.wait.max.ms. The embedded broker (Tansu) looks for new data at "
+        "0, 1/2, 3/4, ... of this wait, so an idle hop adds up to half of it. A fetch that "
+        "finds data lists every record batch stored in the partition (batches are never "
+        "deleted; measured: 5K in 9 ms, 20K in 25 ms, 100K in 115 ms) and returns nothing "
+        "if that takes longer than the wait. Shorter waits cost the broker more CPU when "
+        "idle (measured per consumer: ~7% at 20 ms, 10-17% at 10 ms).",
     )
 
     def validate(self) -> None:

@@ -213,6 +213,33 @@ def test_a_batch_is_one_write_of_every_key_in_event_order(
     assert (state.applied_keys, state.worker_seq) == (6, {worker.id: 6})
 
 
+def test_staged_batches_end_up_as_if_applied_one_by_one() -> None:
+    fleet = Fleet()
+    rng = np.random.default_rng(4)
+    for i in range(30):
+        pub = fleet.publishers[TOPOLOGY.workers[i % 14].id]
+        prompt = _prompt(rng)
+        pub.admit(prompt, Tier.VRAM)
+        if i % 3 == 0:
+            pub.evict(prompt)
+    batches = fleet.take(2)
+    applied, staged = _states()[2], _states()[2]
+    for offset, batch in enumerate(batches):
+        assert applied.apply(batch, offset)
+        assert staged.stage(batch, offset)
+    assert all(len(t) == 0 for t in staged.tables.values())  # nothing written yet
+    assert not staged.stage(batches[-1], len(batches))  # dedupe does not wait for writes
+    applied.skip(len(batches))
+    one_by_one, grouped = applied.flush(), staged.flush()
+    assert one_by_one is not None
+    assert grouped is not None
+    assert one_by_one.tables.keys() == grouped.tables.keys()
+    assert (one_by_one.events_from, one_by_one.events_to) == (0, len(batches))
+    assert (grouped.events_from, grouped.events_to) == (0, len(batches))
+    a, b = applied.snapshot(), staged.snapshot()
+    assert (a.views, a.keys, a.meta.worker_seq) == (b.views, b.keys, b.meta.worker_seq)
+
+
 def test_snapshot_restores_tables_positions_and_dedupe() -> None:
     fleet = Fleet()
     states = _states()
