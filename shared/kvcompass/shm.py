@@ -194,10 +194,17 @@ class SharedIndexReader:
     """Attaches to a writer's segments by name and answers consistent lookups."""
 
     def __init__(self, prefix: str) -> None:
+        """Attach to the writer's segments; FileNotFoundError until the writer has
+        created and initialised them (callers poll for readiness)."""
         self._ctl = shared_memory.SharedMemory(f"{prefix}-ctl")
         _untrack(self._ctl)
         magic, n_shards, n_tables = _HEAD.unpack_from(_buf(self._ctl), 0)
+        if magic == bytes(len(magic)) and n_shards == 0:
+            # The writer creates the segment zeroed, then writes its header.
+            self._ctl.close()
+            raise FileNotFoundError(f"{prefix}-ctl is still being initialised")
         if magic != _MAGIC:
+            self._ctl.close()
             raise SnapshotError(f"{prefix}-ctl is not a KVCompass control segment")
         self._layout = _Layout(n_shards, n_tables)
         self.n_shards, self.n_tables = n_shards, n_tables

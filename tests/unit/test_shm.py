@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kvcompass.index import LudoTable
+from kvcompass.index import LudoTable, SnapshotError
 from kvcompass.shm import SharedIndexReader, SharedIndexWriter
 
 
@@ -75,9 +75,24 @@ def test_reader_follows_patches_growth_and_othello_resets(prefix: str) -> None:
         writer.close()
 
 
-def test_reader_refuses_foreign_segment(prefix: str) -> None:
+def test_reader_refuses_missing_half_made_and_foreign_segments(prefix: str) -> None:
     with pytest.raises(FileNotFoundError):
         SharedIndexReader(prefix)
+    writer = SharedIndexWriter(prefix, 1, 1)
+    try:
+        header = writer._ctl.buf  # the control segment's first bytes: the header
+        saved = bytes(header[:16])
+        # Zeroed: a writer between creating the segment and writing its header.
+        header[:16] = bytes(16)
+        with pytest.raises(FileNotFoundError, match="being initialised"):
+            SharedIndexReader(prefix)
+        header[:8] = b"NOTKVCMP"
+        with pytest.raises(SnapshotError, match="not a KVCompass control segment"):
+            SharedIndexReader(prefix)
+        header[:16] = saved
+        SharedIndexReader(prefix).close()
+    finally:
+        writer.close()
 
 
 def _read_stable_keys(
