@@ -212,8 +212,8 @@ def othello_smaller_side(
     mark[u], mark[v] = mu, mv
     nu = nv = 1
     ru = rv = 0
-    # The u and v steps are written out, not shared: as a helper call the walk measured
-    # ~15% slower per insert at 95% load (the hot loop of every insert and move).
+    # The u and v steps are written out, not shared: with one helper for both, inserts
+    # at 95% load measured 15-20 µs against 10-16 µs (three runs each, noisy machine).
     while True:
         if ru == nu:
             break
