@@ -14,12 +14,14 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from kvcompass.hashing import MASK64
 from kvcompass.index.layout import IndexLayout, Tier
 from kvcompass.index.ludo import LudoTable
 from kvcompass.index.patches import TablePatch
 from kvcompass.index.view import LudoView
-from kvcompass.keys import SHARD_SALT, Namespace, TokenIds, prefix_keys, shard_of
+from kvcompass.keys import SHARD_SALT, Namespace, TokenIds, prefix_keys, shard_of, shard_of_array
 from kvcompass.levels import LevelPlan
 
 __all__ = [
@@ -76,11 +78,19 @@ class DiscoveryIndex:
         Writes are staged; :meth:`take_patches` returns the resulting patches.
         """
         table_id, field = self.layout.slots[worker]
-        n = self.n_shards
-        tables = self.tables
-        clear, bits = 3 << (field << 1), int(tier) << (field << 1)
-        for key in keys:
-            tables[(shard_of(key, n), table_id)].write_bits(key, clear, bits)
+        try:
+            k = np.asarray(list(keys), dtype=np.uint64)
+        except OverflowError as exc:  # a negative key or one of 64+ bits
+            raise ValueError("keys must be 63-bit non-negative ints") from exc
+        shards = shard_of_array(k, self.n_shards)
+        clear = np.uint64(3 << (field << 1))
+        bits = np.uint64(int(tier) << (field << 1))
+        # One kernel call per touched table, each table's keys in their given order.
+        for shard in np.unique(shards).tolist():
+            part = k[shards == shard]
+            self.tables[(shard, table_id)].write_bits_many(
+                part, np.full(len(part), clear), np.full(len(part), bits)
+            )
 
     def take_patches(self) -> dict[TableKey, TablePatch]:
         """Patches of every table written since the last call."""
