@@ -11,11 +11,15 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+from numpy.typing import NDArray
 
 from kvcompass.index.errors import SnapshotError
 from kvcompass.index.geometry import TableGeometry
 
-__all__ = ["HEADER_SIZE", "ImageHeader", "ImageKind", "Layout", "layout_of"]
+__all__ = ["HEADER_SIZE", "ImageArrays", "ImageHeader", "ImageKind", "Layout", "layout_of"]
 
 _MAGIC = b"KVCLUDO\x01"
 _FORMAT_VERSION = 1
@@ -70,6 +74,30 @@ def layout_of(g: TableGeometry) -> Layout:
         cell_itemsize=cell_size,
         fingerprint_itemsize=fp_size,
     )
+
+
+class ImageArrays(NamedTuple):
+    """Numpy views of an image's arrays, sharing its buffer (writes go to the image)."""
+
+    seeds: NDArray[np.uint8]
+    cells: NDArray[Any]  # uint32 or uint64, by value width
+    fingerprints: NDArray[Any] | None  # uint8 or uint16; None without fingerprints
+    words: NDArray[np.uint64]  # the Othello bits
+
+    @classmethod
+    def of(cls, buf: Any, g: TableGeometry, layout: Layout) -> ImageArrays:
+        """The arrays of the image of geometry ``g`` held in ``buf`` (any buffer)."""
+        cell_dtype = np.uint32 if layout.cell_itemsize == 4 else np.uint64
+        fps = None
+        if layout.fingerprint_itemsize:
+            fp_dtype = np.uint8 if layout.fingerprint_itemsize == 1 else np.uint16
+            fps = np.frombuffer(buf, fp_dtype, g.n_cells, layout.fingerprints)
+        return cls(
+            np.frombuffer(buf, np.uint8, g.nb, layout.seeds),
+            np.frombuffer(buf, cell_dtype, g.n_cells, layout.cells),
+            fps,
+            np.frombuffer(buf, np.uint64, g.n_words, layout.words),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -21,7 +20,7 @@ from kvcompass.hashing import MASK64
 from kvcompass.index import kernel
 from kvcompass.index.errors import SnapshotError, TableFull
 from kvcompass.index.geometry import DEFAULT_LOAD_LIMIT, TableGeometry
-from kvcompass.index.image import ImageKind, layout_of, open_image, seal
+from kvcompass.index.image import ImageArrays, ImageKind, layout_of, open_image, seal
 from kvcompass.index.kernel import MAX_CUCKOO_MOVES, TableArrays
 from kvcompass.index.othello import OthelloGraph
 from kvcompass.index.patches import BucketImages, OthelloReset, TablePatch, WordImages
@@ -79,12 +78,11 @@ class LudoTable:
         layout = layout_of(g)
         self._layout = layout
         self._buf = bytearray(layout.view_end)
-        cells = np.frombuffer(self._buf, _cell_dtype(g), g.n_cells, layout.cells)
-        if g.fingerprint_bits:
-            fp_dtype = np.uint8 if layout.fingerprint_itemsize == 1 else np.uint16
-            fps = np.frombuffer(self._buf, fp_dtype, g.n_cells, layout.fingerprints)
-        else:
-            # No fingerprints in the view; a scratch array keeps the write paths uniform.
+        image = ImageArrays.of(self._buf, g, layout)
+        self._words = image.words
+        # Without fingerprints in the view, a scratch array keeps the write paths uniform.
+        fps = image.fingerprints
+        if fps is None:
             fps = np.zeros(g.n_cells, dtype=np.uint8)
         self._t = TableArrays(
             keys=np.full(g.n_cells, _EMPTY, dtype=np.int64),
@@ -95,8 +93,8 @@ class LudoTable:
             # moves then hash only for the rare seeds of 32 and above.
             sig=np.zeros(g.n_cells, dtype=np.uint64),
             fill=np.zeros(g.nb, dtype=np.uint8),
-            seeds=np.frombuffer(self._buf, np.uint8, g.nb, layout.seeds),
-            cells=cells,
+            seeds=image.seeds,
+            cells=image.cells,
             fps=fps,
             bucket_dirty=np.zeros(g.nb, dtype=np.uint8),
             dirty_buckets=np.zeros(g.nb, dtype=np.int64),
@@ -409,9 +407,7 @@ class LudoTable:
     # -- images and snapshots ---------------------------------------------------------
 
     def _sync_words(self) -> None:
-        layout = self._layout
-        words = np.frombuffer(self._buf, np.uint64, self.geometry.n_words, layout.words)
-        words[:] = self._othello.words
+        self._words[:] = self._othello.words
 
     def view_image(self) -> bytes:
         """The keyless view of this table, as a sealed image."""
@@ -528,10 +524,6 @@ def compile_write_kernel(value_bits: int = 0, fingerprint_bits: int = -1) -> Non
             keys = np.arange(1, 41, dtype=np.uint64)
             table.put_many(keys, keys)
             table.put_many(keys, np.zeros_like(keys))
-
-
-def _cell_dtype(g: TableGeometry) -> np.dtype[np.unsignedinteger[Any]]:
-    return np.dtype(np.uint32 if g.value_bits == 32 else np.uint64)
 
 
 def _greedy_placement(

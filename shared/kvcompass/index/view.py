@@ -16,7 +16,15 @@ from numpy.typing import NDArray
 from kvcompass.hashing import GOLDEN64, MASK32, MASK64, mix64_array
 from kvcompass.index.errors import GenerationMismatch, SnapshotError
 from kvcompass.index.geometry import TableGeometry
-from kvcompass.index.image import HEADER_SIZE, ImageHeader, ImageKind, layout_of, open_image, seal
+from kvcompass.index.image import (
+    HEADER_SIZE,
+    ImageArrays,
+    ImageHeader,
+    ImageKind,
+    layout_of,
+    open_image,
+    seal,
+)
 from kvcompass.index.patches import TablePatch
 
 __all__ = ["LudoView"]
@@ -67,14 +75,7 @@ class LudoView:
         self.geometry = g
         layout = layout_of(g)
         buf = self._buf
-        self._seeds = np.frombuffer(buf, np.uint8, g.nb, layout.seeds)
-        cell_dtype = np.uint32 if g.value_bits == 32 else np.uint64
-        self._cells: NDArray[Any] = np.frombuffer(buf, cell_dtype, g.n_cells, layout.cells)
-        self._fps: NDArray[Any] | None = None
-        if g.fingerprint_bits:
-            fp_dtype = np.uint8 if layout.fingerprint_itemsize == 1 else np.uint16
-            self._fps = np.frombuffer(buf, fp_dtype, g.n_cells, layout.fingerprints)
-        self._words = np.frombuffer(buf, np.uint64, g.n_words, layout.words)
+        self._seeds, self._cells, self._fps, self._words = ImageArrays.of(buf, g, layout)
         self._layout = layout
         # Scalar path: memoryviews index into Python ints several times faster than numpy.
         mv = memoryview(buf)
