@@ -29,7 +29,7 @@ from kvcompass.index import LudoTable
 from kvcompass.index.layout import IndexLayout, Tier
 from kvcompass.keys import Namespace, prefix_keys, shard_of, shard_of_array
 from kvcompass.levels import plan_levels
-from kvcompass.loadgen.localcluster import LocalCluster, poll_until
+from kvcompass.loadgen.testing import LocalCluster, poll_until
 from kvcompass.maintenance import ShardState
 from kvcompass.publisher import EventPublisher
 from kvcompass.services.infra import Infra, InfraSettings

@@ -12,7 +12,7 @@ from kvcompass.index.image import HEADER_SIZE, ImageHeader
 from kvcompass.index.layout import IndexLayout, Tier
 from kvcompass.keys import Namespace, shard_of
 from kvcompass.levels import plan_levels
-from kvcompass.loadgen.localcluster import LocalCluster
+from kvcompass.loadgen.testing import LocalCluster
 from kvcompass.publisher import EventPublisher
 from kvcompass.shm import SharedIndexReader
 from kvcompass.topology import load_topology

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from kvcompass.loadgen.localcluster import poll_until
+from kvcompass.loadgen.testing import poll_until
 from kvcompass.services.infra import (
     Infra,
     InfraSettings,

@@ -19,7 +19,7 @@ import pytest
 from _pipeline import N_SHARDS, Cluster, prompts
 from confluent_kafka import Consumer, TopicPartition
 
-from kvcompass.loadgen.localcluster import poll_until
+from kvcompass.loadgen.testing import poll_until
 from kvcompass.services.infra import RunningInfra
 from kvcompass.wire import DeadLetter, decode
 

@@ -1,6 +1,6 @@
-"""A KVCompass pipeline on one machine: unique topics, MU and edge processes.
-
-Used by the integration tests and ``bench/pipeline.py``. Every instance gets its own
+"""Testing harness: a KVCompass pipeline on one machine (unique topics, MU and edge
+processes), for the integration and chaos tests and ``bench/pipeline.py``; not used by
+any service. Every instance gets its own
 topic names, consumer group, Redis snapshot prefix and shared-memory prefix, so several
 can share one broker and one Redis.
 """
@@ -25,9 +25,13 @@ from kvcompass.services.snapstore import SnapshotStore
 from kvcompass.shm import SharedIndexReader
 from kvcompass.wire import PatchBatch, decode
 
-__all__ = ["LocalCluster", "poll_until"]
+__all__ = ["LocalCluster", "PollTimeout", "poll_until"]
 
 T = TypeVar("T")
+
+
+class PollTimeout(TimeoutError):
+    """A condition polled for was not met by its deadline."""
 
 
 def poll_until(
@@ -36,14 +40,15 @@ def poll_until(
     message: str,
     interval: float = 0.01,
 ) -> T:
-    """Poll ``predicate`` until it returns something truthy; AssertionError at the deadline."""
+    """Poll ``predicate`` until it returns something truthy; :class:`PollTimeout` at the
+    deadline (a TimeoutError, so a test reports it as a failure with the message)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"{message} not met within {timeout:g} s (last: {value!r})")
+            raise PollTimeout(f"{message} not met within {timeout:g} s (last: {value!r})")
         time.sleep(interval)
 
 
@@ -144,7 +149,7 @@ class LocalCluster:
 
         def logged() -> bool:
             if proc.poll() is not None:
-                raise AssertionError(f"{name} exited early:\n{path.read_text()[-3000:]}")
+                raise RuntimeError(f"{name} exited early:\n{path.read_text()[-3000:]}")
             return text in path.read_text()
 
         poll_until(logged, 60, f"{text!r} in {name}.log")
