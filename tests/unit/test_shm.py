@@ -31,7 +31,15 @@ from kvcompass.index.reader import IndexNotReady, IndexReader
 from kvcompass.keys import Namespace, prefix_keys, shard_of
 from kvcompass.levels import plan_levels
 from kvcompass.loadgen.testing import poll_until
-from kvcompass.shm import SHM_DIR, PrefixInUse, SharedIndexReader, SharedIndexWriter, TornRead
+from kvcompass.shm import (
+    SHM_DIR,
+    PrefixInUse,
+    SharedIndexReader,
+    SharedIndexWriter,
+    TornRead,
+    segments,
+)
+from kvcompass.shm import writer as shm_writer
 from kvcompass.topology import Topology, load_builtin
 
 NS = Namespace("shm-test-model")
@@ -408,6 +416,25 @@ def test_reader_reports_a_closed_writer_and_reattaches_to_the_next(prefix: str) 
     finally:
         reader.close()
         writer.close()
+
+
+def test_readers_see_a_closing_writer_gone_before_its_segments_are(
+    prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    states = TwoStates.make()
+    writer = states.writer(prefix, 0)
+    with SharedIndexReader(prefix, states.layout) as reader:
+        assert reader.ready()
+        ready_at_unlink = []
+
+        def unlink_after_asking(name: str) -> None:
+            ready_at_unlink.append(reader.ready())
+            segments.unlink(name)
+
+        monkeypatch.setattr(shm_writer, "unlink", unlink_after_asking)
+        writer.close()
+        assert ready_at_unlink
+        assert not any(ready_at_unlink)
 
 
 def segment_inodes(prefix: str) -> dict[str, int]:

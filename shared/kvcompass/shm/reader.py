@@ -186,12 +186,15 @@ class _Attachment:
                 continue
             try:
                 value = read()
-            except (OSError, ValueError, IndexError, IndexNotReady):
+            except (OSError, ValueError, IndexError, IndexNotReady) as exc:
                 # A segment name or image read while the writer swapped it: retry,
-                # unless nothing changed meanwhile (then the error is real).
-                if record[SEQLOCK] == before:
-                    raise
-                continue
+                # unless nothing changed meanwhile (then the error is real, or the
+                # writer closed and unlinked its segments since this call began).
+                if record[SEQLOCK] != before:
+                    continue
+                if not self.alive():
+                    raise IndexNotReady(f"shard {shard}: the writer is gone") from exc
+                raise
             if record[SEQLOCK] == before:
                 return value
         raise TornRead(f"shard {shard}: writer kept the sequence lock busy")
