@@ -37,6 +37,7 @@ from kvcompass.shm import (
     SharedIndexReader,
     SharedIndexWriter,
     TornRead,
+    remove_segments,
     segments,
 )
 from kvcompass.shm import writer as shm_writer
@@ -47,8 +48,11 @@ WRITER_SCRIPT = Path(__file__).with_name("_shm_writer.py")
 
 
 @pytest.fixture
-def prefix() -> str:
-    return f"kvct{uuid.uuid4().hex[:10]}"
+def prefix() -> Iterator[str]:
+    """A fresh prefix; every writer of it must have cleaned up after itself."""
+    name = f"kvct{uuid.uuid4().hex[:10]}"
+    yield name
+    assert not [p.name for p in SHM_DIR.iterdir() if p.name.startswith(name)]
 
 
 def _reader_answers(prefix: str, keys: list[int], out: mp.Queue) -> None:  # type: ignore[type-arg]
@@ -542,6 +546,22 @@ def test_reader_survives_a_sigkilled_writer_and_follows_its_successor(
 
         assert second.stop() == 0
         assert not reader.ready()
+        assert segment_inodes(prefix) == {}
+
+
+def test_a_killed_writer_without_successor_is_cleaned_up_explicitly(
+    prefix: str, tmp_path: Path
+) -> None:
+    states = TwoStates.make()
+    with contextlib.ExitStack() as stack:
+        writer = WriterProcess.start(prefix, states, 0, tmp_path)
+        stack.callback(writer.close)
+        with pytest.raises(PrefixInUse):
+            remove_segments(prefix)
+        assert f"{prefix}-ctl" in segment_inodes(prefix)
+        writer.proc.kill()
+        writer.proc.wait()
+        remove_segments(prefix)
         assert segment_inodes(prefix) == {}
 
 

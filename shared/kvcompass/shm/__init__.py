@@ -25,6 +25,13 @@ it re-attaches to a new writer's control segment by name, or reports not-ready.
 from kvcompass.shm.lifetime import PrefixInUse
 from kvcompass.shm.reader import SharedIndexReader, TornRead
 from kvcompass.shm.segments import SHM_DIR
-from kvcompass.shm.writer import SharedIndexWriter
+from kvcompass.shm.writer import SharedIndexWriter, remove_segments
 
-__all__ = ["SHM_DIR", "PrefixInUse", "SharedIndexReader", "SharedIndexWriter", "TornRead"]
+__all__ = [
+    "SHM_DIR",
+    "PrefixInUse",
+    "SharedIndexReader",
+    "SharedIndexWriter",
+    "TornRead",
+    "remove_segments",
+]

@@ -4,7 +4,8 @@ The writer holds two open-file-description locks on ``<prefix>.lock``: byte 0 ke
 second writer of the prefix out, byte ``incarnation`` (a random number ≥ 1 stamped in
 the control header) says "this incarnation lives". The kernel drops both when the writer
 closes the file or dies, even by SIGKILL, so a reader's one ``F_OFD_GETLK`` on that byte
-tells whether the writer it attached to is still there. Open-file-description locks also
+tells whether the writer it attached to is still there. A clean close removes the lock
+file; a killed writer's stays for its successor to lock and remove. Open-file-description locks also
 conflict within one process, so a reader beside its writer gets the same answer. (A
 process forked from the writer shares its locks: the edge replayer does not fork.)
 """
@@ -32,9 +33,15 @@ class PrefixInUse(ConfigError):
 
 
 def _lock_path(prefix: str) -> Path:
-    # Not a "<prefix>-" name: stale-segment removal never touches it, and it is never
-    # unlinked, so every writer and reader of the prefix locks the same inode.
+    # Not a "<prefix>-" name: stale-segment removal never touches it.
     return SHM_DIR / f"{prefix}.lock"
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None
 
 
 def _flock(kind: int, start: int) -> bytes:
@@ -45,19 +52,24 @@ class WriterLock:
     """A writer's hold on its prefix and on its incarnation's liveness byte."""
 
     def __init__(self, prefix: str, incarnation: int) -> None:
-        path = _lock_path(prefix)
-        try:
-            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            raise ConfigError(f"cannot open the writer lock {path}: {exc.strerror}") from exc
-        try:
-            fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, _flock(fcntl.F_WRLCK, _EXCLUSIVE_BYTE))
-        except BlockingIOError:
-            os.close(self._fd)
-            raise PrefixInUse(
-                f"shared-memory prefix {prefix!r} is in use by a live writer{_holder(prefix)}"
-            ) from None
-        fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, _flock(fcntl.F_WRLCK, incarnation))
+        self._path = path = _lock_path(prefix)
+        while True:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            except OSError as exc:
+                raise ConfigError(f"cannot open the writer lock {path}: {exc.strerror}") from exc
+            try:
+                fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _flock(fcntl.F_WRLCK, _EXCLUSIVE_BYTE))
+            except BlockingIOError:
+                os.close(fd)
+                raise PrefixInUse(
+                    f"shared-memory prefix {prefix!r} is in use by a live writer{_holder(prefix)}"
+                ) from None
+            if os.fstat(fd).st_ino == _inode(path):
+                break
+            os.close(fd)  # a closing writer unlinked the file after we opened it: retry
+        self._fd = fd
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _flock(fcntl.F_WRLCK, incarnation))
         self._incarnation = incarnation
 
     def end_incarnation(self) -> None:
@@ -65,6 +77,9 @@ class WriterLock:
         fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, _flock(fcntl.F_UNLCK, self._incarnation))
 
     def close(self) -> None:
+        """Remove the lock file, then release the prefix. A writer that opened the file
+        meanwhile finds it unlinked once it gets the lock, and starts over."""
+        os.unlink(self._path)
         os.close(self._fd)
 
 

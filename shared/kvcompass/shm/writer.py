@@ -32,7 +32,7 @@ from kvcompass.shm.segments import (
     unlink,
 )
 
-__all__ = ["SharedIndexWriter"]
+__all__ = ["SharedIndexWriter", "remove_segments"]
 
 
 class SharedIndexWriter:
@@ -198,3 +198,13 @@ class SharedIndexWriter:
         self._ctl.close()
         unlink(self._ctl.name)
         self._lock.close()  # last: no new writer removes segments while we still do
+
+
+def remove_segments(prefix: str) -> None:
+    """Unlink every segment a dead writer of ``prefix`` left (a killed edge's, when no
+    successor will take the prefix over). PrefixInUse while a writer of it lives."""
+    lock = WriterLock(prefix, incarnation=1)
+    try:
+        remove_stale(prefix)
+    finally:
+        lock.close()
