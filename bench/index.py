@@ -25,9 +25,10 @@ from numpy.typing import NDArray
 
 from kvcompass.demo import match_latencies_us
 from kvcompass.index import LudoTable, LudoView
-from kvcompass.index.discovery import DiscoveryIndex, DiscoveryView, Match, QueryPlanner
+from kvcompass.index.discovery import DiscoveryView, Match, QueryPlanner
 from kvcompass.index.layout import IndexLayout, Tier
-from kvcompass.keys import Namespace, prefix_keys
+from kvcompass.index.shard_tables import ShardTables
+from kvcompass.keys import Namespace, prefix_keys, shard_of_array
 from kvcompass.levels import plan_levels
 from kvcompass.shm import SharedIndexReader, SharedIndexWriter
 from kvcompass.topology import load_builtin
@@ -183,13 +184,21 @@ def _forward(seed: int, n_prompts: int) -> dict[str, float]:
     plan = plan_levels(topology)
     layout = IndexLayout.from_topology(topology)
     ns = FORWARD_NAMESPACE
-    index = DiscoveryIndex(layout, FORWARD_SHARDS, initial_capacity=4096, rng=random.Random(seed))
+    table_rng = random.Random(seed)
+    shards = [
+        ShardTables(layout, s, FORWARD_SHARDS, initial_capacity=4096, rng=table_rng)
+        for s in range(FORWARD_SHARDS)
+    ]
     prompts = _forward_prompts(seed, n_prompts)
     for i, prompt in enumerate(prompts[: n_prompts // 2]):
         w = topology.workers[i % len(topology.workers)]
-        keys = prefix_keys(prompt, plan.registration_lengths[w.region], ns)
-        index.set_tier(keys.values(), w.index, Tier.VRAM)
-    images = index.view_images()
+        keys = np.fromiter(
+            prefix_keys(prompt, plan.registration_lengths[w.region], ns).values(), np.uint64
+        )
+        owners = shard_of_array(keys, FORWARD_SHARDS)
+        for tables in shards:
+            tables.set_tier(keys[owners == tables.shard], w.index, Tier.VRAM)
+    images = {(s.shard, t): img for s in shards for t, img in s.view_images().items()}
     view = DiscoveryView.from_images(layout, FORWARD_SHARDS, images)
     edge = topology.regions[0].name
     planner = QueryPlanner(plan, edge, ns)
