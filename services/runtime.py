@@ -9,8 +9,8 @@ manager that opens and closes its clients) and run it until a signal sets ``stop
 
 Signals: the first SIGTERM / SIGINT sets ``stop`` and the service drains; the whole
 drain, counted from that signal, has ``KVC_DRAIN_TIMEOUT_S``. A second signal exits at
-once. Signals are taken by a thread of their own, so a main thread blocked in a client
-call cannot delay them.
+once (the default action is restored after the first, so the kernel ends the process
+even while the main thread is blocked in a client call).
 
 Exit statuses (:class:`ExitStatus`):
 
@@ -18,7 +18,7 @@ Exit statuses (:class:`ExitStatus`):
 - 2: a setting is wrong or start was refused (one log line names the setting and value).
 - 3: a dependency (broker, Redis) stayed lost past its deadline, or the drain overran.
 - 70: internal error or broken invariant; nothing was persisted by the shell's exit.
-- 128 + N: a second signal N arrived during the drain.
+- killed by signal N (a shell shows 128 + N): a second signal arrived during the drain.
 
 A fatal error is one JSON log line (``start_refused`` or ``fatal``) whose fields hold the
 error, its type, the exit status and, for unexpected errors, the traceback.
@@ -38,7 +38,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any, Generic, Protocol, TypeVar
 
 import structlog
@@ -67,8 +67,7 @@ __all__ = [
 S = TypeVar("S", bound=PipelineSettings)
 S_contra = TypeVar("S_contra", bound=PipelineSettings, contravariant=True)
 
-_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
-_SIGNAL_POLL_S = 0.2  # how often the signal thread checks that the shell is closing
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class ExitStatus(IntEnum):
@@ -128,7 +127,7 @@ def usage(spec: ServiceSpec[Any]) -> str:
         "",
         "Exit statuses: 0 stopped cleanly; 2 bad setting or start refused; 3 dependency lost",
         "past its deadline or drain overran; 70 internal error or broken invariant;",
-        "128+N a second signal N during the drain.",
+        "killed by the signal (128+N in a shell) on a second SIGTERM/SIGINT.",
     ]
     return "\n".join(lines)
 
@@ -180,7 +179,9 @@ class _Shell:
         )
         deadline = time.monotonic() + settings.start_timeout_s
         registry = CollectorRegistry()
+        stop = threading.Event()
         with contextlib.ExitStack() as stack:
+            stack.enter_context(_Signals(stop, settings.drain_timeout_s, self))
             if settings.metrics_port:
                 stack.enter_context(self._status_server(settings, registry))
             topology = _topology(settings)
@@ -192,8 +193,6 @@ class _Shell:
                 **{**settings.as_dict(), "kafka_bootstrap": str(bootstrap),
                    "redis_url": str(redis_url)},
             )  # fmt: skip
-            stop = threading.Event()
-            stack.enter_context(_Signals(stop, settings.drain_timeout_s, self))
             service = stack.enter_context(
                 spec.factory(
                     settings,
@@ -297,23 +296,19 @@ def _addresses(settings: PipelineSettings) -> tuple[Address, Address]:
 
 
 class _Signals:
-    """SIGTERM / SIGINT, taken by a thread: the first sets ``stop`` and arms the drain
-    deadline; a second one, or the deadline, ends the process at once."""
+    """SIGTERM / SIGINT: the first sets ``stop`` and arms the drain deadline; a second
+    one, or the deadline, ends the process at once."""
 
     def __init__(self, stop: threading.Event, drain_timeout_s: float, shell: _Shell) -> None:
         self._stop = stop
         self._drain_timeout_s = drain_timeout_s
         self._shell = shell
-        self._closing = threading.Event()
-        self._thread = threading.Thread(target=self._wait, name="signals", daemon=True)
         self._deadline: threading.Timer | None = None
-        self._old_mask: set[int | signal.Signals] = set()
+        self._previous: dict[signal.Signals, Any] = {}
 
     def __enter__(self) -> _Signals:
-        # Blocked here, before the service starts its clients' threads, so that they
-        # inherit the mask and only this thread ever takes the signals.
-        self._old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
-        self._thread.start()
+        for signum in _SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._first)
         return self
 
     def __exit__(
@@ -322,28 +317,27 @@ class _Signals:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._closing.set()
-        self._thread.join()
         if self._deadline is not None:
             self._deadline.cancel()
-        signal.pthread_sigmask(signal.SIG_SETMASK, self._old_mask)
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
 
-    def _wait(self) -> None:
-        while not self._closing.is_set():
-            info = signal.sigtimedwait(_SIGNALS, _SIGNAL_POLL_S)
-            if info is None:
-                continue
-            name = signal.Signals(info.si_signo).name
-            if self._stop.is_set():
-                status = 128 + info.si_signo
-                self._shell.log.warning("stopping_now", signal=name, exit_status=status)
-                os._exit(status)
-            self._shell.log.info("stopping", signal=name, drain_timeout_s=self._drain_timeout_s)
-            self._shell.draining()
-            self._stop.set()
-            self._deadline = threading.Timer(self._drain_timeout_s, self._overrun)
-            self._deadline.daemon = True
-            self._deadline.start()
+    def _first(self, signum: int, frame: FrameType | None) -> None:
+        # The default action from now on: the kernel ends the process on a second signal
+        # even while the main thread is blocked inside a client call.
+        for other in _SIGNALS:
+            signal.signal(other, signal.SIG_DFL)
+        self._shell.log.info(
+            "stopping",
+            signal=signal.Signals(signum).name,
+            drain_timeout_s=self._drain_timeout_s,
+            second_signal="exits at once",
+        )
+        self._shell.draining()
+        self._stop.set()
+        self._deadline = threading.Timer(self._drain_timeout_s, self._overrun)
+        self._deadline.daemon = True
+        self._deadline.start()
 
     def _overrun(self) -> None:
         status = int(ExitStatus.DEPENDENCY_LOST)
