@@ -17,7 +17,7 @@ Exit statuses (:class:`ExitStatus`):
 - 0: stopped cleanly.
 - 2: a setting is wrong or start was refused (one log line names the setting and value).
 - 3: a dependency (broker, Redis) stayed lost past its deadline, or the drain overran.
-- 70: internal error or broken invariant; nothing was persisted by the shell's exit.
+- 70: internal error or broken invariant (the service persists nothing on such an exit).
 - killed by signal N (a shell shows 128 + N): a second signal arrived during the drain.
 
 A fatal error is one JSON log line (``start_refused`` or ``fatal``) whose fields hold the
