@@ -1,33 +1,29 @@
 """The multi-level discovery index: per-shard region tables, and the lookup over them.
 
-``DiscoveryIndex`` is the maintenance side of some shards (a maintenance unit owns one
-or a few): it turns "worker w now holds key k in tier t" into table writes and patches.
-``DiscoveryView`` is an edge's keyless replica of every shard. ``MultiLevelQuery`` holds a
-prompt's keys at the lengths an edge queries toward each region, and
-:meth:`DiscoveryView.match` answers, for every worker anywhere, the longest matched length
-and the tier there.
+The maintenance side of a shard is :class:`kvcompass.index.shard_tables.ShardTables`.
+``MultiLevelQuery`` holds a prompt's keys at the lengths an edge queries toward each
+region; ``MatchDecoder`` turns the table values of those keys into, for every worker
+anywhere, the longest matched length and the tier there. ``DiscoveryView`` is an edge's
+keyless replica of every shard in this process; it and the shared-memory reader are the
+two :class:`~kvcompass.index.reader.IndexReader` implementations.
 """
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
-from kvcompass.hashing import MASK64
+from kvcompass.errors import BadInput
 from kvcompass.index.layout import IndexLayout, Tier
-from kvcompass.index.ludo import LudoTable
 from kvcompass.index.patches import TablePatch
 from kvcompass.index.view import LudoView
-from kvcompass.keys import SHARD_SALT, Namespace, TokenIds, prefix_keys, shard_of, shard_of_array
+from kvcompass.keys import Namespace, TokenIds, prefix_keys, shard_of
 from kvcompass.levels import LevelPlan
 
 __all__ = [
-    "DiscoveryIndex",
     "DiscoveryView",
     "Match",
+    "MatchDecoder",
     "MultiLevelQuery",
     "QueryPlanner",
     "TableKey",
@@ -35,79 +31,6 @@ __all__ = [
 
 #: (shard, table id): one Ludo table.
 TableKey = tuple[int, int]
-
-
-class DiscoveryIndex:
-    """Full-key tables of the shards this process owns, for every region table."""
-
-    def __init__(
-        self,
-        layout: IndexLayout,
-        n_shards: int,
-        shards: Iterable[int] | None = None,
-        *,
-        initial_capacity: int = 1024,
-        rng: random.Random | None = None,
-    ) -> None:
-        self.layout = layout
-        self.n_shards = n_shards
-        rng = rng or random.Random()
-        owned = range(n_shards) if shards is None else shards
-        self.tables: dict[TableKey, LudoTable] = {
-            (s, spec.table_id): LudoTable.with_capacity(
-                initial_capacity,
-                value_bits=spec.value_bits,
-                fingerprint_bits=layout.fingerprint_bits,
-                rng=rng,
-            )
-            for s in owned
-            for spec in layout.tables
-        }
-
-    def _table_of(self, key: int, worker: int) -> tuple[TableKey, int]:
-        table_id, field = self.layout.slots[worker]
-        return (shard_of(key, self.n_shards), table_id), field
-
-    def tier(self, key: int, worker: int) -> Tier:
-        where, field = self._table_of(key, worker)
-        return Tier((self.tables[where].get(key) >> (field << 1)) & 3)
-
-    def set_tier(self, keys: Iterable[int], worker: int, tier: Tier) -> None:
-        """Record that ``worker`` holds (or, with ABSENT, dropped) every key in ``tier``.
-
-        Writes are staged; :meth:`take_patches` returns the resulting patches.
-        """
-        table_id, field = self.layout.slots[worker]
-        try:
-            k = np.asarray(list(keys), dtype=np.uint64)
-        except OverflowError as exc:  # a negative key or one of 64+ bits
-            raise ValueError("keys must be 63-bit non-negative ints") from exc
-        shards = shard_of_array(k, self.n_shards)
-        clear = np.uint64(3 << (field << 1))
-        bits = np.uint64(int(tier) << (field << 1))
-        # One kernel call per touched table, each table's keys in their given order.
-        for shard in np.unique(shards).tolist():
-            part = k[shards == shard]
-            self.tables[(shard, table_id)].write_bits_many(
-                part, np.full(len(part), clear), np.full(len(part), bits)
-            )
-
-    def take_patches(self) -> dict[TableKey, TablePatch]:
-        """Patches of every table written since the last call."""
-        out = {}
-        for where, table in self.tables.items():
-            patch = table.take_patch()
-            if not patch.is_empty:
-                out[where] = patch
-        return out
-
-    def view_images(self) -> dict[TableKey, bytes]:
-        return {where: t.view_image() for where, t in self.tables.items()}
-
-    @property
-    def count(self) -> int:
-        """Entries across all tables (a prefix held in two region tables counts twice)."""
-        return sum(len(t) for t in self.tables.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,8 +77,57 @@ class QueryPlanner:
         )
 
 
+class MatchDecoder:
+    """Table values to per-worker matches: the one decoding every index reader shares.
+
+    :meth:`decode` asks ``value_of(table id, key)`` for each lookup a query needs. A
+    reader that reads its tables in batches (one shared-memory read section per shard)
+    first collects the values of :meth:`probes`, then decodes from them.
+    """
+
+    def __init__(self, layout: IndexLayout) -> None:
+        self.n_workers = layout.n_workers
+        self._region_tables = {
+            region: tuple((t.table_id, t.workers) for t in layout.tables_of(region))
+            for region in {t.region for t in layout.tables}
+        }
+
+    def _tables_of(self, region: str) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        try:
+            return self._region_tables[region]
+        except KeyError:
+            raise BadInput(f"query names region {region!r}, not one of this index") from None
+
+    def probes(self, query: MultiLevelQuery) -> list[tuple[int, int]]:
+        """(table id, key) of every lookup :meth:`decode` makes for ``query``."""
+        return [
+            (table_id, key)
+            for region, pairs in query.per_region.items()
+            for table_id, _ in self._tables_of(region)
+            for _, key in pairs
+        ]
+
+    def decode(self, query: MultiLevelQuery, value_of: Callable[[int, int], int]) -> Match:
+        """Longest matched length and tier of every worker, over all levels and regions."""
+        lengths = [0] * self.n_workers
+        tiers = [0] * self.n_workers
+        for region, pairs in query.per_region.items():
+            for table_id, workers in self._tables_of(region):
+                # Ascending lengths: a longer match overwrites a shorter one.
+                for length, key in pairs:
+                    value = value_of(table_id, key)
+                    while value:
+                        bit = (value & -value).bit_length() - 1
+                        shift = bit & ~1
+                        w = workers[bit >> 1]
+                        lengths[w] = length
+                        tiers[w] = (value >> shift) & 3
+                        value &= ~(3 << shift)
+        return Match(lengths, tiers)
+
+
 class DiscoveryView:
-    """An edge's keyless replica of every shard's region tables."""
+    """An edge's keyless replica of every shard's region tables, in this process."""
 
     def __init__(self, layout: IndexLayout, n_shards: int, views: Mapping[TableKey, LudoView]):
         missing = {(s, t.table_id) for s in range(n_shards) for t in layout.tables} - set(views)
@@ -166,10 +138,7 @@ class DiscoveryView:
         self.views = dict(views)
         self._lookups: list[list[Callable[[int], int]]] = []
         self._bind_lookups()
-        self._region_tables = {
-            region: [(t.table_id, t.workers) for t in layout.tables_of(region)]
-            for region in {t.region for t in layout.tables}
-        }
+        self._decoder = MatchDecoder(layout)
 
     @classmethod
     def from_images(
@@ -187,33 +156,17 @@ class DiscoveryView:
         for where, patch in patches.items():
             self.views[where].apply(patch)
 
+    def ready(self) -> bool:
+        """Always: every table is in memory from construction on."""
+        return True
+
     def match(self, query: MultiLevelQuery) -> Match:
         """Longest matched length and tier of every worker, over all levels and regions."""
-        n_workers = self.layout.n_workers
-        lengths = [0] * n_workers
-        tiers = [0] * n_workers
-        n_shards = self.n_shards
         lookups = self._lookups
-        for region, pairs in query.per_region.items():
-            for table_id, workers in self._region_tables[region]:
-                # Ascending lengths: a longer match overwrites a shorter one.
-                for length, key in pairs:
-                    # shard_of(key, n_shards), inlined: this loop is the per-request cost.
-                    x = key ^ SHARD_SALT
-                    x ^= x >> 33
-                    x = (x * 0xFF51AFD7ED558CCD) & MASK64
-                    x ^= x >> 33
-                    x = (x * 0xC4CEB9FE1A85EC53) & MASK64
-                    shard = (x ^ (x >> 33)) % n_shards
-                    value = lookups[shard][table_id](key)
-                    while value:
-                        bit = (value & -value).bit_length() - 1
-                        shift = bit & ~1
-                        w = workers[bit >> 1]
-                        lengths[w] = length
-                        tiers[w] = (value >> shift) & 3
-                        value &= ~(3 << shift)
-        return Match(lengths, tiers)
+        n_shards = self.n_shards
+        return self._decoder.decode(
+            query, lambda table_id, key: lookups[shard_of(key, n_shards)][table_id](key)
+        )
 
     @property
     def nbytes(self) -> int:
