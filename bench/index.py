@@ -23,13 +23,13 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from kvcompass.demo import match_latencies_us
 from kvcompass.index import LudoTable, LudoView
 from kvcompass.index.discovery import DiscoveryView, Match, QueryPlanner
 from kvcompass.index.layout import IndexLayout, Tier
 from kvcompass.index.shard_tables import ShardTables
 from kvcompass.keys import Namespace, prefix_keys, shard_of_array
 from kvcompass.levels import plan_levels
+from kvcompass.loadgen.index_demo import match_latencies_us
 from kvcompass.shm import SharedIndexReader, SharedIndexWriter
 from kvcompass.topology import load_builtin
 
