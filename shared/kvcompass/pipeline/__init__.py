@@ -1,0 +1,3 @@
+"""The pipeline's transport- and clock-free core: what a maintenance unit and an edge
+decide, as pure classes the services (and the simulator) drive with messages and a clock.
+"""
