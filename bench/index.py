@@ -22,9 +22,10 @@ import numpy as np
 
 from kvcompass.demo import match_latencies_us
 from kvcompass.index import LudoTable, LudoView
-from kvcompass.index.discovery import DiscoveryIndex, DiscoveryView, QueryPlanner
+from kvcompass.index.discovery import DiscoveryView, QueryPlanner
 from kvcompass.index.layout import IndexLayout, Tier
-from kvcompass.keys import Namespace, prefix_keys
+from kvcompass.index.shard_tables import ShardTables
+from kvcompass.keys import Namespace, prefix_keys, shard_of_array
 from kvcompass.levels import plan_levels
 from kvcompass.topology import load_builtin
 
@@ -169,13 +170,19 @@ def _forward(seed: int, n_prompts: int) -> dict[str, float]:
     layout = IndexLayout.from_topology(topology)
     ns = Namespace("bench-model")
     rng = np.random.default_rng(seed)
-    index = DiscoveryIndex(layout, 4, initial_capacity=4096, rng=random.Random(seed))
+    table_rng = random.Random(seed)
+    shards = [ShardTables(layout, s, 4, initial_capacity=4096, rng=table_rng) for s in range(4)]
     prompts = [rng.integers(0, 128_000, 4096, dtype=np.uint32) for _ in range(n_prompts)]
     for i, prompt in enumerate(prompts[: n_prompts // 2]):
         w = topology.workers[i % len(topology.workers)]
-        keys = prefix_keys(prompt, plan.registration_lengths[w.region], ns)
-        index.set_tier(keys.values(), w.index, Tier.VRAM)
-    view = DiscoveryView.from_images(layout, 4, index.view_images())
+        keys = np.fromiter(
+            prefix_keys(prompt, plan.registration_lengths[w.region], ns).values(), np.uint64
+        )
+        owners = shard_of_array(keys, 4)
+        for tables in shards:
+            tables.set_tier(keys[owners == tables.shard], w.index, Tier.VRAM)
+    images = {(s.shard, t): img for s in shards for t, img in s.view_images().items()}
+    view = DiscoveryView.from_images(layout, 4, images)
     edge = topology.regions[0].name
     planner = QueryPlanner(plan, edge, ns)
     us = match_latencies_us(view, planner, prompts)

@@ -37,6 +37,11 @@ class SnapshotMeta:
     generations: dict[int, int]
     worker_seq: dict[str, int] = field(default_factory=dict)
     created_ns: int = 0
+    #: The writer of the shard's patch stream, "<group_id>/<snapshot_prefix>".
+    owner: str = ""
+    #: Shard count and ``IndexLayout.digest()`` the tables were written under.
+    n_shards: int = 0
+    topology_digest: str = ""
 
     def to_bytes(self) -> bytes:
         packed: bytes = msgpack.packb(
@@ -50,6 +55,9 @@ class SnapshotMeta:
                 "generations": self.generations,
                 "worker_seq": self.worker_seq,
                 "created_ns": self.created_ns,
+                "owner": self.owner,
+                "n_shards": self.n_shards,
+                "topology_digest": self.topology_digest,
             },
             use_bin_type=True,
         )
@@ -70,6 +78,9 @@ class SnapshotMeta:
                 generations={int(k): int(v) for k, v in raw["generations"].items()},
                 worker_seq={str(k): int(v) for k, v in raw["worker_seq"].items()},
                 created_ns=int(raw["created_ns"]),
+                owner=str(raw.get("owner", "")),
+                n_shards=int(raw.get("n_shards", 0)),
+                topology_digest=str(raw.get("topology_digest", "")),
             )
         except SnapshotError:
             raise

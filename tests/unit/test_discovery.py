@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 
 from kvcompass.index.discovery import (
-    DiscoveryIndex,
     DiscoveryView,
     Match,
     MultiLevelQuery,
     QueryPlanner,
 )
 from kvcompass.index.layout import IndexLayout, Tier, holders, with_tier
-from kvcompass.keys import Namespace, prefix_keys, shard_of
+from kvcompass.index.patches import TablePatch
+from kvcompass.index.shard_tables import ShardTables
+from kvcompass.keys import Namespace, prefix_keys, shard_of, shard_of_array
 from kvcompass.levels import LevelPlan, plan_levels
 from kvcompass.topology import Topology, builtin_names, load_builtin, load_topology
 
@@ -200,13 +201,41 @@ def test_with_tier_edge_fields() -> None:
 # -- discovery ---------------------------------------------------------------------------
 
 
+def new_shards(
+    layout: IndexLayout, n_shards: int, initial_capacity: int, seed: int
+) -> dict[int, ShardTables]:
+    rng = random.Random(seed)
+    return {
+        s: ShardTables(layout, s, n_shards, initial_capacity=initial_capacity, rng=rng)
+        for s in range(n_shards)
+    }
+
+
+def view_images(shards: dict[int, ShardTables]) -> dict[tuple[int, int], bytes]:
+    return {(s, t): img for s, st in shards.items() for t, img in st.view_images().items()}
+
+
+def set_tier(shards: dict[int, ShardTables], keys: list[int], worker: int, tier: Tier) -> None:
+    """Route every key to the ShardTables of its shard."""
+    k = np.asarray(keys, dtype=np.uint64)
+    owners = shard_of_array(k, len(shards))
+    for s, tables in shards.items():
+        if np.any(owners == s):
+            tables.set_tier(k[owners == s], worker, tier)
+
+
+def take_patches(shards: dict[int, ShardTables]) -> dict[tuple[int, int], TablePatch]:
+    return {(s, t): p for s, st in shards.items() for t, p in st.take_patches().items()}
+
+
 @dataclass
 class Scenario:
-    """A DiscoveryIndex, an edge's DiscoveryView fed its patches, and a reference."""
+    """Every shard's ShardTables, an edge's DiscoveryView fed their patches, a reference."""
 
     topology: Topology
     plan: LevelPlan
-    index: DiscoveryIndex
+    layout: IndexLayout
+    shards: dict[int, ShardTables]
     view: DiscoveryView
     n_shards: int
     # worker -> key -> tier: exactly what the index should hold
@@ -216,11 +245,9 @@ class Scenario:
     @classmethod
     def new(cls, topology: Topology, n_shards: int, initial_capacity: int) -> Scenario:
         layout = IndexLayout.from_topology(topology)
-        index = DiscoveryIndex(
-            layout, n_shards, initial_capacity=initial_capacity, rng=random.Random(7)
-        )
-        view = DiscoveryView.from_images(layout, n_shards, index.view_images())
-        return cls(topology, plan_levels(topology), index, view, n_shards)
+        shards = new_shards(layout, n_shards, initial_capacity, seed=7)
+        view = DiscoveryView.from_images(layout, n_shards, view_images(shards))
+        return cls(topology, plan_levels(topology), layout, shards, view, n_shards)
 
     def keys(self, worker: int, tokens: np.ndarray, lo: int, hi: int) -> list[int]:
         """Keys a worker registers for tokens[:c], for its region's lengths lo < c <= hi."""
@@ -231,15 +258,15 @@ class Scenario:
     def set(self, worker: int, tokens: np.ndarray, tier: Tier, lo: int = 0, hi: int = 10**9):
         keys = self.keys(worker, tokens, lo, hi)
         assert keys
-        self.index.set_tier(keys, worker, tier)
+        set_tier(self.shards, keys, worker, tier)
         mine = self.regs.setdefault(worker, {})
         for k in keys:
             if tier == Tier.ABSENT:
                 mine.pop(k, None)
             else:
                 mine[k] = tier
-        patches = self.index.take_patches()
-        assert self.index.take_patches() == {}
+        patches = take_patches(self.shards)
+        assert take_patches(self.shards) == {}
         self.reloads += sum(p.reload is not None for p in patches.values())
         self.view.apply(patches)
 
@@ -253,18 +280,20 @@ class Scenario:
                     lengths[w.index], tiers[w.index] = length, int(mine[key])
         return Match(lengths, tiers)
 
+    @property
+    def count(self) -> int:
+        return sum(st.count for st in self.shards.values())
+
     def check_index(self) -> None:
         for w, mine in self.regs.items():
             for k, tier in mine.items():
-                assert self.index.tier(k, w) == tier
-        assert self.index.count == len(
-            {(k, self.index.layout.slots[w][0]) for w, mine in self.regs.items() for k in mine}
+                assert self.shards[shard_of(k, self.n_shards)].tier(k, w) == tier
+        assert self.count == len(
+            {(k, self.layout.slots[w][0]) for w, mine in self.regs.items() for k in mine}
         )
 
     def check_views_equal_fresh_images(self) -> DiscoveryView:
-        fresh = DiscoveryView.from_images(
-            self.index.layout, self.n_shards, self.index.view_images()
-        )
+        fresh = DiscoveryView.from_images(self.layout, self.n_shards, view_images(self.shards))
         assert set(fresh.views) == set(self.view.views)
         for where, view in self.view.views.items():
             assert view.image() == fresh.views[where].image(), where
@@ -392,9 +421,11 @@ def test_keys_land_in_their_shard_only() -> None:
     scenario = Scenario.new(topology, 4, 64)
     tokens = prompts(1)["a"]
     scenario.set(3, tokens, Tier.VRAM)
-    table_id, _ = scenario.index.layout.slots[3]
+    table_id, _ = scenario.layout.slots[3]
     for key in scenario.regs[3]:
-        for (shard, tid), table in scenario.index.tables.items():
+        for shard, tid, table in (
+            (s, t, table) for s, st in scenario.shards.items() for t, table in st.tables.items()
+        ):
             want = int(Tier.VRAM) << (2 * 3) if (shard, tid) == (shard_of(key, 4), table_id) else 0
             assert table.get(key) == want
 
@@ -404,24 +435,23 @@ def test_set_tier_is_idempotent_and_absent_removes() -> None:
     scenario = Scenario.new(topology, 2, 64)
     tokens = prompts(2)["c"]
     scenario.set(2, tokens, Tier.DRAM)
-    count = scenario.index.count
+    count = scenario.count
     keys = list(scenario.regs[2])
-    scenario.index.set_tier(keys, 2, Tier.DRAM)  # no change: no patch
-    assert scenario.index.take_patches() == {}
+    set_tier(scenario.shards, keys, 2, Tier.DRAM)  # no change: no patch
+    assert take_patches(scenario.shards) == {}
     scenario.set(5, tokens, Tier.VRAM)  # same keys, another field of the same table
-    assert scenario.index.count == count
+    assert scenario.count == count
     scenario.set(2, tokens, Tier.ABSENT)
-    assert scenario.index.count == count  # worker 5 still holds every key
+    assert scenario.count == count  # worker 5 still holds every key
     scenario.set(5, tokens, Tier.ABSENT)
-    assert scenario.index.count == 0
+    assert scenario.count == 0
     query = MultiLevelQuery.for_prompt(tokens, "us", scenario.plan, NS)
     assert scenario.view.match(query).holders() == {}
 
 
 def test_view_requires_every_table() -> None:
     layout = IndexLayout.from_topology(load_builtin("testbed-3region"))
-    index = DiscoveryIndex(layout, 2, initial_capacity=16, rng=random.Random(0))
-    images = index.view_images()
+    images = view_images(new_shards(layout, 2, 16, seed=0))
     assert len(images) == 2 * len(layout.tables)
     del images[(1, 2)]
     with pytest.raises(ValueError, match="views missing for 1 tables"):

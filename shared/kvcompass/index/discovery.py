@@ -1,7 +1,6 @@
 """The multi-level discovery index: per-shard region tables, and the lookup over them.
 
-``DiscoveryIndex`` is the maintenance side of some shards (a maintenance unit owns one
-or a few): it turns "worker w now holds key k in tier t" into table writes and patches.
+The maintenance side of a shard is :class:`kvcompass.index.shard_tables.ShardTables`.
 ``DiscoveryView`` is an edge's keyless replica of every shard. ``MultiLevelQuery`` holds a
 prompt's keys at the lengths an edge queries toward each region, and
 :meth:`DiscoveryView.match` answers, for every worker anywhere, the longest matched length
@@ -10,22 +9,17 @@ and the tier there.
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-
-import numpy as np
 
 from kvcompass.hashing import MASK64
 from kvcompass.index.layout import IndexLayout, Tier
-from kvcompass.index.ludo import LudoTable
 from kvcompass.index.patches import TablePatch
 from kvcompass.index.view import LudoView
-from kvcompass.keys import SHARD_SALT, Namespace, TokenIds, prefix_keys, shard_of, shard_of_array
+from kvcompass.keys import SHARD_SALT, Namespace, TokenIds, prefix_keys
 from kvcompass.levels import LevelPlan
 
 __all__ = [
-    "DiscoveryIndex",
     "DiscoveryView",
     "Match",
     "MultiLevelQuery",
@@ -35,79 +29,6 @@ __all__ = [
 
 #: (shard, table id): one Ludo table.
 TableKey = tuple[int, int]
-
-
-class DiscoveryIndex:
-    """Full-key tables of the shards this process owns, for every region table."""
-
-    def __init__(
-        self,
-        layout: IndexLayout,
-        n_shards: int,
-        shards: Iterable[int] | None = None,
-        *,
-        initial_capacity: int = 1024,
-        rng: random.Random | None = None,
-    ) -> None:
-        self.layout = layout
-        self.n_shards = n_shards
-        rng = rng or random.Random()
-        owned = range(n_shards) if shards is None else shards
-        self.tables: dict[TableKey, LudoTable] = {
-            (s, spec.table_id): LudoTable.with_capacity(
-                initial_capacity,
-                value_bits=spec.value_bits,
-                fingerprint_bits=layout.fingerprint_bits,
-                rng=rng,
-            )
-            for s in owned
-            for spec in layout.tables
-        }
-
-    def _table_of(self, key: int, worker: int) -> tuple[TableKey, int]:
-        table_id, field = self.layout.slots[worker]
-        return (shard_of(key, self.n_shards), table_id), field
-
-    def tier(self, key: int, worker: int) -> Tier:
-        where, field = self._table_of(key, worker)
-        return Tier((self.tables[where].get(key) >> (field << 1)) & 3)
-
-    def set_tier(self, keys: Iterable[int], worker: int, tier: Tier) -> None:
-        """Record that ``worker`` holds (or, with ABSENT, dropped) every key in ``tier``.
-
-        Writes are staged; :meth:`take_patches` returns the resulting patches.
-        """
-        table_id, field = self.layout.slots[worker]
-        try:
-            k = np.asarray(list(keys), dtype=np.uint64)
-        except OverflowError as exc:  # a negative key or one of 64+ bits
-            raise ValueError("keys must be 63-bit non-negative ints") from exc
-        shards = shard_of_array(k, self.n_shards)
-        clear = np.uint64(3 << (field << 1))
-        bits = np.uint64(int(tier) << (field << 1))
-        # One kernel call per touched table, each table's keys in their given order.
-        for shard in np.unique(shards).tolist():
-            part = k[shards == shard]
-            self.tables[(shard, table_id)].write_bits_many(
-                part, np.full(len(part), clear), np.full(len(part), bits)
-            )
-
-    def take_patches(self) -> dict[TableKey, TablePatch]:
-        """Patches of every table written since the last call."""
-        out = {}
-        for where, table in self.tables.items():
-            patch = table.take_patch()
-            if not patch.is_empty:
-                out[where] = patch
-        return out
-
-    def view_images(self) -> dict[TableKey, bytes]:
-        return {where: t.view_image() for where, t in self.tables.items()}
-
-    @property
-    def count(self) -> int:
-        """Entries across all tables (a prefix held in two region tables counts twice)."""
-        return sum(len(t) for t in self.tables.values())
 
 
 @dataclass(frozen=True, slots=True)

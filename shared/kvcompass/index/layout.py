@@ -7,6 +7,7 @@ uses several tables. Tables are numbered globally; every shard holds one of each
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -68,6 +69,20 @@ class IndexLayout:
 
     def tables_of(self, region: str) -> tuple[TableSpec, ...]:
         return tuple(t for t in self.tables if t.region == region)
+
+    def digest(self) -> str:
+        """A stable digest of everything the tables' contents depend on.
+
+        Tables, their regions, value widths and workers (by global index), and the
+        fingerprint width: a snapshot taken under another layout would put tiers in the
+        wrong fields, so restorers compare this with the snapshot's.
+        """
+        text = ";".join(
+            f"{t.table_id}:{t.region}:{t.value_bits}:{','.join(map(str, t.workers))}"
+            for t in self.tables
+        )
+        text = f"kvc-layout/1|fp={self.fingerprint_bits}|{text}"
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def with_tier(value: int, field: int, tier: int) -> int:

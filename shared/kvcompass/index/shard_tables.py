@@ -1,0 +1,195 @@
+"""The maintenance side of one shard: its region tables, written by tier and by column.
+
+A maintenance unit owns a few shards; each is one :class:`ShardTables`, the only class
+that writes region tables. Every write is validated in full before the first table
+changes, so a rejected call leaves the tables and the next patches untouched.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kvcompass.errors import BadInput
+from kvcompass.index.layout import IndexLayout, Tier
+from kvcompass.index.ludo import LudoTable
+from kvcompass.index.patches import TablePatch
+from kvcompass.keys import shard_of_array
+
+__all__ = ["ShardTables"]
+
+_KEY_LIMIT = 1 << 63
+
+
+class ShardTables:
+    """Full-key tables of one shard, one per region table of the layout."""
+
+    def __init__(
+        self,
+        layout: IndexLayout,
+        shard: int,
+        n_shards: int,
+        *,
+        tables: Mapping[int, LudoTable] | None = None,
+        initial_capacity: int = 1024,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not 0 <= shard < n_shards:
+            raise BadInput(f"shard {shard} is outside 0..{n_shards - 1}")
+        self.layout = layout
+        self.shard = shard
+        self.n_shards = n_shards
+        if tables is None:
+            rng = rng or random.Random()
+            tables = {
+                spec.table_id: LudoTable.with_capacity(
+                    initial_capacity,
+                    value_bits=spec.value_bits,
+                    fingerprint_bits=layout.fingerprint_bits,
+                    rng=rng,
+                )
+                for spec in layout.tables
+            }
+        want = {spec.table_id for spec in layout.tables}
+        if set(tables) != want:
+            raise BadInput(f"shard {shard} needs tables {sorted(want)}, got {sorted(tables)}")
+        self._tables = dict(tables)
+
+    # -- reads -------------------------------------------------------------------------
+
+    @property
+    def tables(self) -> Mapping[int, LudoTable]:
+        """Table id -> table (read them; write through this class)."""
+        return self._tables
+
+    def tier(self, key: int, worker: int) -> Tier:
+        table_id, field = self.layout.slots[worker]
+        return Tier((self._tables[table_id].get(key) >> (field << 1)) & 3)
+
+    @property
+    def count(self) -> int:
+        """Entries across the tables (a prefix held in two region tables counts twice)."""
+        return sum(len(t) for t in self._tables.values())
+
+    @property
+    def generations(self) -> dict[int, int]:
+        return {t: table.geometry.generation for t, table in self._tables.items()}
+
+    # -- writes ------------------------------------------------------------------------
+
+    def set_tier(self, keys: Iterable[int] | NDArray[np.uint64], worker: int, tier: Tier) -> None:
+        """Record that ``worker`` holds (or, with ABSENT, dropped) every key in ``tier``.
+
+        Writes are staged in the tables; :meth:`take_patches` returns the patches.
+        """
+        if not 0 <= worker < self.layout.n_workers:
+            raise BadInput(f"worker {worker} is outside 0..{self.layout.n_workers - 1}")
+        table_id, field = self.layout.slots[worker]
+        k = _key_array(keys)
+        shift = field << 1
+        clear = np.full(len(k), 3 << shift, dtype=np.uint64)
+        bits = np.full(len(k), int(tier) << shift, dtype=np.uint64)
+        self.write_columns(table_id, k, clear, bits)
+
+    def write_columns(
+        self,
+        table_id: int,
+        keys: NDArray[np.uint64],
+        clear: NDArray[np.uint64],
+        bits: NDArray[np.uint64],
+    ) -> None:
+        """value := (value & ~clear[i]) | bits[i] for every keys[i] of one table, in order.
+
+        The maintenance unit's batch write (one compiled call). Refuses the whole call,
+        changing nothing, when any key is not a 63-bit key of this shard or any value
+        does not fit the table.
+        """
+        table = self._tables.get(table_id)
+        if table is None:
+            raise BadInput(f"no table {table_id} in this layout")
+        if keys.ndim != 1 or not (keys.shape == clear.shape == bits.shape):
+            raise BadInput(
+                f"keys, clear and bits must be equal-length vectors: "
+                f"{keys.shape} {clear.shape} {bits.shape}"
+            )
+        if len(keys) == 0:
+            return
+        keys = _key_array(keys)
+        bits = np.ascontiguousarray(bits, dtype=np.uint64)
+        if int(bits.max()) > table.geometry.value_mask:
+            raise BadInput(f"a value does not fit {table.geometry.value_bits} bits")
+        owners = shard_of_array(keys, self.n_shards)
+        foreign = np.flatnonzero(owners != self.shard)
+        if len(foreign):
+            j = int(foreign[0])
+            raise BadInput(
+                f"key {int(keys[j])} belongs to shard {int(owners[j])}, not {self.shard}"
+            )
+        table.write_bits_many(keys, np.ascontiguousarray(clear, dtype=np.uint64), bits)
+
+    # -- output ------------------------------------------------------------------------
+
+    def take_patches(self) -> dict[int, TablePatch]:
+        """Patches of every table written since the last call (table id -> patch)."""
+        out = {}
+        for table_id, table in self._tables.items():
+            patch = table.take_patch()
+            if not patch.is_empty:
+                out[table_id] = patch
+        return out
+
+    def view_images(self) -> dict[int, bytes]:
+        return {table_id: t.view_image() for table_id, t in self._tables.items()}
+
+    def snapshot_parts(self) -> tuple[dict[int, bytes], dict[int, bytes]]:
+        """Per table id, the sealed view half and the sealed key half."""
+        views: dict[int, bytes] = {}
+        keys: dict[int, bytes] = {}
+        for table_id, table in self._tables.items():
+            views[table_id], keys[table_id] = table.snapshot_parts()
+        return views, keys
+
+    @classmethod
+    def from_parts(
+        cls,
+        layout: IndexLayout,
+        shard: int,
+        n_shards: int,
+        views: Mapping[int, bytes],
+        keys: Mapping[int, bytes],
+        *,
+        rng: random.Random | None = None,
+    ) -> ShardTables:
+        """Rebuild from :meth:`snapshot_parts`; refuses a table set of another layout."""
+        want = {spec.table_id for spec in layout.tables}
+        if set(views) != want or set(keys) != want:
+            raise BadInput(
+                f"snapshot of shard {shard} has tables {sorted(views)} / {sorted(keys)}, "
+                f"the layout has {sorted(want)}"
+            )
+        rng = rng or random.Random()
+        tables = {t: LudoTable.from_parts(views[t], keys[t], rng=rng) for t in sorted(want)}
+        return cls(layout, shard, n_shards, tables=tables)
+
+
+def _key_array(keys: Iterable[int] | NDArray[np.uint64]) -> NDArray[np.uint64]:
+    """Keys as a contiguous uint64 vector, or BadInput when one is not a 63-bit key."""
+    try:
+        if isinstance(keys, np.ndarray):
+            if keys.dtype.kind not in "iu":
+                raise BadInput(f"keys must be integers, got dtype {keys.dtype}")
+            if keys.dtype.kind == "i" and len(keys) and int(keys.min()) < 0:
+                raise BadInput("keys must be 63-bit non-negative ints")
+            k = np.ascontiguousarray(keys, dtype=np.uint64)
+        else:
+            k = np.asarray(list(keys), dtype=np.uint64)
+    except OverflowError as exc:  # a negative key or one of 64+ bits
+        raise BadInput("keys must be 63-bit non-negative ints") from exc
+    if k.ndim != 1:
+        raise BadInput(f"keys must be a vector, got shape {k.shape}")
+    if len(k) and int(k.max()) >= _KEY_LIMIT:
+        raise BadInput("keys must be 63-bit non-negative ints")
+    return k
