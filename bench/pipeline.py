@@ -30,7 +30,8 @@ from kvcompass.index.layout import IndexLayout, Tier
 from kvcompass.keys import Namespace, prefix_keys, shard_of, shard_of_array
 from kvcompass.levels import plan_levels
 from kvcompass.loadgen.testing import LocalCluster, poll_until
-from kvcompass.maintenance import ShardState
+from kvcompass.pipeline.clock import SystemClock
+from kvcompass.pipeline.writer import ShardWriter
 from kvcompass.publisher import EventPublisher
 from kvcompass.services.infra import Infra, InfraSettings
 from kvcompass.services.snapstore import SnapshotStore
@@ -68,7 +69,6 @@ def _events(n_keys: int, seed: int) -> tuple[list[tuple[int, bytes]], int]:
             NS,
             SHARDS,
             lambda s, b: out.append((s, b)),
-            first_seq=0,
             max_buffered_keys=BUFFERED_KEYS,
         )
         for w in topology.workers
@@ -263,11 +263,14 @@ def _bootstrap(redis_url: str, entries: int) -> dict[str, Any]:
                 value_bits=spec.value_bits,
                 rng=random.Random(shard),
             )
-        states.append(ShardState(shard, SHARDS, topology, tables=tables))
+        writer = ShardWriter(shard, SHARDS, topology, owner=f"bench/{prefix}", clock=SystemClock())
+        writer.take_over(None, stream_epoch=None, stream_end=0, committed=False, events_low=0)
+        writer.tables = tables  # built in bulk above instead of from events
+        states.append(writer)
     build_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     for state in states:
-        store.save(state.snapshot(time.time_ns()))
+        store.save(state.snapshot())
     snapshot_s = time.perf_counter() - t0
     view_bytes = sum(len(v) for s in states for v in s.snapshot().views.values())
     del states

@@ -42,7 +42,7 @@ class Cluster(LocalCluster):
         self.plan = plan_levels(self.topology)
         self.reference: dict[tuple[int, int], dict[int, int]] = {}
         self.publishers = {
-            w.id: EventPublisher(w, self.plan, NS, N_SHARDS, self.send, first_seq=0)
+            w.id: EventPublisher(w, self.plan, NS, N_SHARDS, self.send)
             for w in self.topology.workers
         }
 

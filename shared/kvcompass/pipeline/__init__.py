@@ -1,7 +1,5 @@
-"""The pipeline core: the stream decisions of the services, free of transports and clocks.
-
-Services wrap these classes with Kafka, Redis and shared memory; tests and the simulator
-drive them directly.
+"""The pipeline's transport- and clock-free core: what a maintenance unit and an edge
+decide, as pure classes the services (and the simulator) drive with messages and a clock.
 """
 
 from kvcompass.pipeline.faults import Faults, FaultySource

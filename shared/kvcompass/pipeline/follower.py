@@ -47,11 +47,6 @@ class SnapshotCheck(enum.Enum):
     OWNER_CHANGED = "owner_changed"  # another writer took the shard over: reload, warn
 
 
-# MERGE(mu): PatchBatch.owner lands with the mu part's wire 1.1; read it directly then.
-def _owner(batch: PatchBatch) -> str:
-    return str(getattr(batch, "owner", ""))
-
-
 @dataclass(frozen=True, slots=True)
 class Position:
     """Where a view stands in its writer's stream."""
@@ -91,7 +86,7 @@ class PatchFollower:
         pos = self.position
         if pos is None:
             return Verdict.RESYNC
-        if _owner(batch) != pos.owner:
+        if batch.owner != pos.owner:
             return Verdict.IGNORE_FOREIGN
         got, want = (batch.epoch, batch.seq), (pos.epoch, pos.next_seq)
         if got < want:
