@@ -20,13 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from kvcompass.demo import match_latencies_us
 from kvcompass.index import LudoTable, LudoView
 from kvcompass.index.discovery import DiscoveryView, QueryPlanner
 from kvcompass.index.layout import IndexLayout, Tier
 from kvcompass.index.shard_tables import ShardTables
 from kvcompass.keys import Namespace, prefix_keys, shard_of_array
 from kvcompass.levels import plan_levels
+from kvcompass.loadgen.index_demo import match_latencies_us
 from kvcompass.topology import load_builtin
 
 LOADS = (0.2, 0.4, 0.6, 0.8, 0.95)

@@ -301,7 +301,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller runs, under 90 s")
     args = parser.parse_args()
-    kvc_log.configure("warning", json=False, stream=sys.stderr)  # stdout is the JSON only
+    kvc_log.configure(
+        "warning", json=False, service="bench", stream=sys.stderr
+    )  # stdout is the JSON only
     quick = args.quick
     started = time.perf_counter()
     result: dict[str, Any] = {"quick": quick, "cpus": os.cpu_count(), "shards": SHARDS}

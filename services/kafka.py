@@ -1,12 +1,98 @@
-"""Kafka client settings shared by the services, tuned for this broker and workload."""
+"""Kafka client settings shared by the services, tuned for this broker and workload, and
+the bridge from librdkafka's callbacks to structured logs and readiness.
+
+Every client a service opens takes ``**watch.client_config()`` of one
+:class:`BrokerWatch`: librdkafka's own log lines then arrive as structlog events
+(``librdkafka``, with ``facility`` / ``client`` / ``text``) instead of raw ``%3|...``
+lines on stderr, and its error callbacks turn into the ``broker`` readiness condition.
+"""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from confluent_kafka import Consumer, Message
+import structlog
+from confluent_kafka import Consumer, KafkaError, Message
 
-__all__ = ["MAX_MESSAGE_BYTES", "consume_ready", "consumer_config", "producer_config"]
+from kvcompass.services.health import Health
+
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "BrokerWatch",
+    "KafkaLog",
+    "consume_ready",
+    "consumer_config",
+    "producer_config",
+]
+
+# Error codes meaning "no broker can be reached" (as opposed to one request failing).
+_UNREACHABLE = frozenset(
+    {
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._TRANSPORT,
+        KafkaError._RESOLVE,
+        KafkaError._AUTHENTICATION,
+    }
+)
+# librdkafka repeats a failed connection attempt as a FAIL line on every reconnect; the
+# error callback reports the same failure, once per change through BrokerWatch.
+_REPEATED_FACILITIES = frozenset({"FAIL"})
+
+
+class KafkaLog:
+    """The ``logger`` of a confluent-kafka client: librdkafka lines as structlog events.
+
+    librdkafka calls ``log(level, "%s [%s] %s", facility, client, text)`` with a stdlib
+    level, from inside the client's ``poll`` / ``consume`` / ``flush``.
+    """
+
+    def __init__(self, name: str = "kvcompass.kafka") -> None:
+        self._log = structlog.get_logger(name)
+
+    def log(self, level: int, fmt: str, *args: object) -> None:
+        if len(args) == 3:
+            facility, client, text = (str(a) for a in args)
+        else:  # not librdkafka's shape: keep the text whole
+            facility, client, text = "", "", fmt % args
+        if facility in _REPEATED_FACILITIES:
+            level = min(level, logging.DEBUG)
+        self._log.log(level, "librdkafka", facility=facility, client=client, text=text)
+
+
+class BrokerWatch:
+    """Keeps ``health``'s ``broker`` condition from client callbacks; logs each change once.
+
+    A client reports trouble through ``error_cb`` but never reports recovery, so the loop
+    calls :meth:`ok` whenever a client call proved the broker answers (a fetched message,
+    a delivery report, a metadata reply).
+    """
+
+    def __init__(self, health: Health, condition: str = "broker") -> None:
+        self._health = health
+        self._condition = condition
+        self._log = structlog.get_logger("kvcompass.kafka")
+
+    def client_config(self) -> dict[str, Any]:
+        """The ``error_cb`` and ``logger`` entries of a client's configuration."""
+        return {"error_cb": self.on_error, "logger": KafkaLog()}
+
+    def on_error(self, error: KafkaError) -> None:
+        detail = f"{error.name()}: {error.str()}"
+        if error.fatal():
+            self._health.set(self._condition, False, detail)
+            self._log.error("kafka_fatal_error", code=error.name(), error=error.str())
+        elif error.code() in _UNREACHABLE:
+            if self._health.set(self._condition, False, detail):
+                self._log.warning("broker_unreachable", code=error.name(), error=error.str())
+        else:
+            self._log.warning("kafka_error", code=error.name(), error=error.str())
+
+    def ok(self) -> None:
+        """The broker answered: the condition is ok again (logged only if it was not)."""
+        if self._health.set(self._condition, True):
+            self._log.info("broker_reachable")
+
 
 #: Patch batches of a large flush and reload images can be big; raise every client limit.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024

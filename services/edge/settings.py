@@ -31,7 +31,6 @@ class EdgeSettings(PipelineSettings):
         0.0, "Fault injection: probability to swap a patch batch with the next one."
     )
     fault_seed: int = setting(0, "Seed of the fault-injection random stream.")
-    metrics_port: int = setting(0, "Prometheus metrics port on 127.0.0.1; 0 = off.")
 
     def validate(self) -> None:
         super().validate()

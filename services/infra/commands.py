@@ -41,7 +41,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
             "--run-dir",
             type=Path,
             default=None,
-            help="state file and logs (env KVC_RUN_DIR, default run/infra)",
+            help="state file and logs (env KVC_RUN_DIR, default run/infra; printed absolute)",
         )
         output = cmd.add_mutually_exclusive_group()
         output.add_argument("--json", action="store_true", help="print one JSON object")
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvcompass infra: {exc}", file=sys.stderr)
         return EXIT_USAGE
     json_logs = settings.log_json if settings.log_json is not None else not sys.stderr.isatty()
-    configure_logging(settings.log_level, json=json_logs)
+    configure_logging(settings.log_level, json=json_logs, service="infra")
 
     from kvcompass.services.infra.errors import InfraError  # the clients load lazily
 
@@ -99,7 +99,7 @@ def _up(settings: InfraSettings, args: argparse.Namespace) -> int:
         running.detach()
         state, already = running.state, False
     if args.json:
-        _print_json({**state.to_json(), "run_dir": str(settings.run_dir.resolve()),
+        _print_json({**state.to_json(), "run_dir": str(settings.run_dir),
                      "already_running": already})  # fmt: skip
     elif args.env:
         print(f"export {settings.env_name('kafka_bootstrap')}={state.kafka_bootstrap}")
@@ -109,7 +109,7 @@ def _up(settings: InfraSettings, args: argparse.Namespace) -> int:
         print(f"kafka_bootstrap  {state.kafka_bootstrap:<28} {pids.get('kafka', 'external')}")
         print(f"redis_url        {state.redis_url:<28} {pids.get('redis', 'external')}")
         print("topics           " + " ".join(f"{t}={n}" for t, n in state.topics.items()))
-        print(f"run_dir          {settings.run_dir.resolve()}")
+        print(f"run_dir          {settings.run_dir}")
         print("already running" if already else f"ready in {state.startup_ms:.0f} ms")
     return EXIT_OK
 
@@ -122,7 +122,7 @@ def _status(settings: InfraSettings, args: argparse.Namespace) -> int:
     if args.json:
         _print_json(
             {
-                "run_dir": str(status.run_dir.resolve()),
+                "run_dir": str(status.run_dir),
                 "running": status.state is not None,
                 "healthy": status.healthy,
                 "problem": status.problem,

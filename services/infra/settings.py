@@ -16,7 +16,9 @@ class InfraSettings(ClusterSettings):
     """The cluster layout plus where and how the embedded servers run."""
 
     run_dir: Path = setting(  # noqa: RUF009
-        Path("run/infra"), "Directory for the state file and server logs (relative = to cwd)."
+        Path("run/infra"),
+        "Directory for the state file and server logs; a relative path is resolved against "
+        "the working directory once, at start, and printed absolute from then on.",
     )
     host: str = setting("127.0.0.1", "Loopback address the embedded servers listen on.")
     start_timeout: float = setting(
@@ -31,6 +33,12 @@ class InfraSettings(ClusterSettings):
     redis_server_bin: Path | None = setting(  # noqa: RUF009
         None, "redis-server binary; empty = redis-server on PATH."
     )
+
+    def __post_init__(self) -> None:
+        # Once, here: every later use and message names the same directory, whatever the
+        # working directory of the process becomes.
+        object.__setattr__(self, "run_dir", self.run_dir.resolve())
+        super().__post_init__()
 
     def validate(self) -> None:
         super().validate()

@@ -26,10 +26,22 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # documented,
 from kvcompass.services.infra.errors import TopicError, TopicPartitionMismatch
 from kvcompass.settings import ClusterSettings
 
-__all__ = ["TopicSpec", "create_topics", "ensure_topics", "topic_specs"]
+__all__ = [
+    "PARTITIONS_ARE_FIXED",
+    "TopicSpec",
+    "create_topics",
+    "ensure_topics",
+    "partition_problems",
+    "topic_specs",
+]
 
 log = structlog.get_logger(__name__)
 _FIXED = "fixed"
+PARTITIONS_ARE_FIXED = (
+    "A topic's partition count cannot be changed in place (Tansu has no CreatePartitions; "
+    "on Kafka it would move keys to other shards): delete the topic, or restart the "
+    "embedded broker (memory storage), and retry."
+)
 
 
 @dataclass(frozen=True)
@@ -160,11 +172,13 @@ def _partition_counts(
         time.sleep(0.02)
 
 
-def _check_counts(specs: Sequence[TopicSpec], counts: Mapping[str, int]) -> None:
+def partition_problems(specs: Sequence[TopicSpec], counts: Mapping[str, int]) -> list[str]:
+    """One sentence per topic in ``counts`` whose partition count differs from its spec,
+    naming both numbers and the setting behind the required one."""
     problems = []
     for spec in specs:
-        actual = counts[spec.name]
-        if actual == spec.partitions:
+        actual = counts.get(spec.name)
+        if actual is None or actual == spec.partitions:
             continue
         if spec.source == _FIXED:
             hint = "this topic always has 1 partition"
@@ -174,9 +188,10 @@ def _check_counts(specs: Sequence[TopicSpec], counts: Mapping[str, int]) -> None
             f"topic {spec.name!r} exists with {actual} partitions but {spec.partitions} "
             f"are required ({hint})"
         )
+    return problems
+
+
+def _check_counts(specs: Sequence[TopicSpec], counts: Mapping[str, int]) -> None:
+    problems = partition_problems(specs, counts)
     if problems:
-        raise TopicPartitionMismatch(
-            "; ".join(problems) + ". A topic's partition count cannot be changed in place "
-            "(Tansu has no CreatePartitions; on Kafka it would move keys to other shards): "
-            "delete the topic, or restart the embedded broker (memory storage), and retry."
-        )
+        raise TopicPartitionMismatch("; ".join(problems) + ". " + PARTITIONS_ARE_FIXED)

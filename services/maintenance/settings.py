@@ -26,8 +26,6 @@ class MaintenanceSettings(PipelineSettings):
     )
     initial_capacity: int = setting(65_536, "Keys a new table holds before it first grows.")
     session_timeout_ms: int = setting(6000, "Consumer-group session timeout (ms).")
-    metrics_port: int = setting(0, "Prometheus metrics port on 127.0.0.1; 0 = off.")
-    drain_timeout_s: float = setting(20.0, "Seconds SIGTERM may spend draining.")
 
     def validate(self) -> None:
         super().validate()

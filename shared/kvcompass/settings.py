@@ -11,7 +11,8 @@ Each service declares one frozen dataclass and reads it once, in its ``__main__`
 A field named ``flush_ms`` is read from ``KVC_FLUSH_MS`` (``setting(env=...)`` overrides
 the name). Supported types: ``str``, ``int``, ``float``, ``bool``, ``Path``, ``Literal``
 of strings, ``tuple[str, ...]`` (comma-separated) and ``X | None`` (an empty value means
-None). A bad value raises :class:`SettingsError` naming the variable. Tests construct
+None). A bad value raises :class:`SettingsError` (a
+:class:`~kvcompass.errors.ConfigError`) naming the variable and the value. Tests construct
 the dataclass directly or use ``monkeypatch.setenv``.
 """
 
@@ -36,10 +37,13 @@ from typing import (
 )
 from urllib.parse import urlsplit, urlunsplit
 
+from kvcompass.errors import ConfigError
+
 __all__ = [
     "ClusterSettings",
     "EnvSettings",
     "PipelineSettings",
+    "RunSettings",
     "ServiceSettings",
     "SettingDoc",
     "SettingsError",
@@ -53,7 +57,7 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
 
-class SettingsError(ValueError):
+class SettingsError(ConfigError):
     """A setting has a bad value; the message names its environment variable."""
 
 
@@ -271,7 +275,37 @@ def _render(value: object) -> str:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PipelineSettings(ClusterSettings):
+class RunSettings(ClusterSettings):
+    """What the process shell (``kvcompass.services.runtime``) reads for a long-running
+    service: its status endpoint and how long start-up and shutdown may take."""
+
+    metrics_port: int = setting(
+        0, "Port of /metrics, /healthz and /readyz (HTTP); 0 = no endpoint."
+    )
+    metrics_host: str = setting("127.0.0.1", "Address the status endpoint listens on.")
+    start_timeout_s: float = setting(
+        15.0,
+        "Seconds start-up may wait for the broker, the topics and Redis before the service "
+        "refuses to start (exit status 2).",
+    )
+    drain_timeout_s: float = setting(
+        20.0,
+        "Seconds from the first SIGTERM/SIGINT to exit, in total; past it the process "
+        "exits with status 3 without finishing the drain.",
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        if not 0 <= self.metrics_port <= 65535:
+            raise self.invalid("metrics_port", "must be a TCP port (0-65535; 0 = off)")
+        if self.start_timeout_s <= 0:
+            raise self.invalid("start_timeout_s", "must be positive")
+        if self.drain_timeout_s <= 0:
+            raise self.invalid("drain_timeout_s", "must be positive")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PipelineSettings(RunSettings):
     """What the maintenance units and the edges must agree on besides the cluster."""
 
     topology: str = setting(

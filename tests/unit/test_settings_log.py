@@ -83,7 +83,7 @@ def restore_logging() -> Iterator[None]:
 @pytest.mark.usefixtures("restore_logging")
 def test_configure_writes_json_lines_for_structlog_and_stdlib() -> None:
     out = io.StringIO()
-    configure("info", json=True, stream=out)
+    configure("info", json=True, service="test", stream=out)
     log = structlog.get_logger("t")
     log.debug("hidden")
     log.info("topics_ready", shards=4)

@@ -1,4 +1,4 @@
-"""``kvcompass index-demo``: build a discovery index from synthetic prompts and measure it.
+"""``kvcompass index-demo``: build a discovery index from synthetic prompts and time it.
 
 Synthetic prompts come in families sharing a system prompt (as real traffic does); each
 prompt is cached by one to three random workers of the topology, in VRAM or DRAM, and

@@ -1,15 +1,14 @@
-"""The ``kvcompass`` command line.
+"""The ``kvcompass`` command line (it sits above the core, the services and loadgen).
 
 Usage: kvcompass index-demo [--topology NAME] [--entries N] [--fingerprint-bits B]
        kvcompass infra up|status|down [--json]
-       kvcompass mu      (a maintenance unit; settings from KVC_* variables)
-       kvcompass edge    (an edge replayer; settings from KVC_* variables)
+       kvcompass mu [--help]     (a maintenance unit; settings from KVC_* variables)
+       kvcompass edge [--help]   (an edge replayer; settings from KVC_* variables)
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
 
@@ -34,39 +33,33 @@ def _parser() -> argparse.ArgumentParser:
         help="per-cell fingerprint bits (default: the topology's setting; 0 = the paper)",
     )
     demo.add_argument("--seed", type=int, default=7)
-    # Parsed by kvcompass.services.infra (see main); listed here for --help.
+    # Parsed by the commands themselves (see main); listed here for --help.
     sub.add_parser("infra", help="start, inspect or stop the local Kafka broker and Redis")
-    sub.add_parser("mu", help="run a maintenance unit (python -m kvcompass.services.maintenance)")
-    sub.add_parser("edge", help="run an edge replayer (python -m kvcompass.services.edge)")
+    sub.add_parser("mu", help="run a maintenance unit (kvcompass mu --help: its settings)")
+    sub.add_parser("edge", help="run an edge replayer (kvcompass edge --help: its settings)")
     return parser
-
-
-# The services run from their own packages; these names are resolved only when used.
-_SERVICES = {
-    "mu": "kvcompass.services.maintenance.__main__",
-    "edge": "kvcompass.services.edge.__main__",
-}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["infra"]:  # delegated whole, so its clients load only when used
-        # services/ becomes kvcompass.services only when installed (package-dir), and mypy
-        # checks shared/ alone, so it cannot resolve this import.
-        from kvcompass.services.infra.commands import (  # type: ignore[import-not-found]
-            main as infra_main,
-        )
+    # Each command imports its own clients only when it runs.
+    if argv[:1] == ["infra"]:
+        from kvcompass.services.infra.commands import main as infra_main
 
-        return int(infra_main(argv[1:], prog="kvcompass infra"))
-    if argv[:1] and argv[0] in _SERVICES:
-        if len(argv) > 1:
-            print(f"kvcompass {argv[0]}: takes no arguments (use KVC_* variables)", file=sys.stderr)
-            return 2
-        service = importlib.import_module(_SERVICES[argv[0]])
-        return int(service.main())
+        return infra_main(argv[1:], prog="kvcompass infra")
+    if argv[:1] == ["mu"]:
+        from kvcompass.services.maintenance.__main__ import SPEC as MU
+        from kvcompass.services.runtime import run_service
+
+        return run_service(MU, argv[1:])
+    if argv[:1] == ["edge"]:
+        from kvcompass.services.edge.__main__ import SPEC as EDGE
+        from kvcompass.services.runtime import run_service
+
+        return run_service(EDGE, argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "index-demo":
-        from kvcompass.demo import run_index_demo
+        from kvcompass.loadgen.index_demo import run_index_demo
 
         if args.entries < 1:
             print("kvcompass: --entries must be positive", file=sys.stderr)
