@@ -7,8 +7,13 @@ every owned shard to Redis, commit the offsets the snapshots cover, leave the gr
 from __future__ import annotations
 
 import sys
+import threading
 
-from kvcompass.services.maintenance.metrics import MaintenanceMetrics
+import structlog
+from prometheus_client import CollectorRegistry
+
+from kvcompass.errors import ConfigError, Transient
+from kvcompass.services.health import Health
 from kvcompass.services.maintenance.service import MaintenanceUnit
 from kvcompass.services.maintenance.settings import MaintenanceSettings
 from kvcompass.services.runtime import (
@@ -24,17 +29,23 @@ def main() -> int:
     if started is None:
         return 2
     settings, bootstrap, redis_url = started
-    metrics = MaintenanceMetrics()
-    serve_metrics(settings.metrics_port, metrics.registry)
-    unit = MaintenanceUnit(
-        settings,
-        load_any_topology(settings.topology),
-        kafka_bootstrap=bootstrap,
-        redis_url=redis_url,
-        metrics=metrics,
-    )
-    stop_on_signals(unit.stop, "kvcompass.mu")
-    unit.run()
+    registry = CollectorRegistry()
+    serve_metrics(settings.metrics_port, registry)
+    stop = threading.Event()
+    stop_on_signals(stop, "kvcompass.mu")
+    try:
+        with MaintenanceUnit(
+            settings,
+            load_any_topology(settings.topology),
+            kafka_bootstrap=bootstrap,
+            redis_url=redis_url,
+            health=Health(),
+            registry=registry,
+        ) as unit:
+            unit.run(stop)
+    except (ConfigError, Transient) as exc:
+        structlog.get_logger("kvcompass.mu").error("mu_failed", error=str(exc))
+        return 2
     return 0
 
 

@@ -181,6 +181,17 @@ class ShardWriter:
     def _restore(self, snapshot: ShardSnapshot) -> SnapshotMeta:
         """Load the snapshot's state, or raise what is wrong with it (nothing kept)."""
         meta = snapshot.meta
+        self.check_meta(meta)
+        tables = ShardTables.from_parts(
+            self.layout, self.shard, self.n_shards, snapshot.views, snapshot.keys, rng=self._rng
+        )
+        sequences = WorkerSequences.from_map(meta.worker_seq, self._max_seq_jump)
+        self.tables, self.sequences = tables, sequences
+        return meta
+
+    def check_meta(self, meta: SnapshotMeta) -> None:
+        """Raise unless ``meta`` is of this shard, shard count, layout and owner:
+        :class:`ConfigError` for another owner, :class:`SnapshotError` otherwise."""
         if meta.owner and meta.owner != self.owner:
             raise ConfigError(
                 f"the snapshot of shard {self.shard} belongs to {meta.owner!r}, this unit is "
@@ -193,12 +204,6 @@ class ShardWriter:
         ):
             if want != got:
                 raise SnapshotError(f"snapshot meta: {name} is {got!r}, expected {want!r}")
-        tables = ShardTables.from_parts(
-            self.layout, self.shard, self.n_shards, snapshot.views, snapshot.keys, rng=self._rng
-        )
-        sequences = WorkerSequences.from_map(meta.worker_seq, self._max_seq_jump)
-        self.tables, self.sequences = tables, sequences
-        return meta
 
     # -- events ----------------------------------------------------------------------
 
