@@ -27,6 +27,7 @@ import numpy as np
 from kvcompass import log as kvc_log
 from kvcompass.index import LudoTable
 from kvcompass.index.layout import IndexLayout, Tier
+from kvcompass.index.shard_tables import ShardTables
 from kvcompass.keys import Namespace, prefix_keys, shard_of, shard_of_array
 from kvcompass.levels import plan_levels
 from kvcompass.loadgen.testing import LocalCluster, poll_until
@@ -265,7 +266,7 @@ def _bootstrap(redis_url: str, entries: int) -> dict[str, Any]:
             )
         writer = ShardWriter(shard, SHARDS, topology, owner=f"bench/{prefix}", clock=SystemClock())
         writer.take_over(None, stream_epoch=None, stream_end=0, committed=False, events_low=0)
-        writer.tables = tables  # built in bulk above instead of from events
+        writer.tables = ShardTables(writer.layout, shard, SHARDS, tables=tables)  # built in bulk
         states.append(writer)
     build_s = time.perf_counter() - t0
     t0 = time.perf_counter()

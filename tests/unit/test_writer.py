@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from kvcompass.errors import BadInput, InvariantBroken, Transient
+from kvcompass.errors import BadInput, ConfigError, InvariantBroken, Transient
 from kvcompass.index import LudoTable, LudoView
 from kvcompass.index.errors import TableFull
 from kvcompass.index.layout import Tier
@@ -163,7 +163,8 @@ def test_views_fed_by_flushes_match_a_reference_of_the_same_events() -> None:
     store = Store()
     writers = [_writer(s) for s in range(N_SHARDS)]
     views = {
-        w.shard: {t: LudoView(table.view_image()) for t, table in w.tables.items()} for w in writers
+        w.shard: {t: LudoView(image) for t, image in w.tables.view_images().items()}
+        for w in writers
     }
     reference: dict[tuple[int, int], dict[int, int]] = {}
     prompts = [_prompt(rng) for _ in range(40)]
@@ -200,7 +201,7 @@ def test_views_fed_by_flushes_match_a_reference_of_the_same_events() -> None:
     for (table_id, key), holders in reference.items():
         want = _expected_value(holders, slots)
         shard = shard_of(key, N_SHARDS)
-        assert writers[shard].tables[table_id].get(key) == want
+        assert writers[shard].tables.tables[table_id].get(key) == want
         if want:
             assert views[shard][table_id].lookup(key) == want
 
@@ -267,7 +268,7 @@ def test_key_of_another_shard_is_rejected() -> None:
     )
     with pytest.raises(BadEvent, match="belongs to shard"):
         writer.apply(batch, 0)
-    assert len(writer.tables[0]) == 0
+    assert writer.tables.count == 0
 
 
 def test_the_error_names_the_event_and_key_of_another_shard() -> None:
@@ -282,7 +283,7 @@ def test_the_error_names_the_event_and_key_of_another_shard() -> None:
     with pytest.raises(BadEvent) as info:
         writer.apply(KVEventBatch("us-0", "us", 0, 0, 0, events), 0)
     assert str(info.value) == f"events[2]: key {theirs} (length 48) belongs to shard 2"
-    assert len(writer.tables[0]) == 0
+    assert writer.tables.count == 0
     assert writer.sequences.to_map() == {}
 
 
@@ -363,7 +364,7 @@ def test_a_batch_is_one_write_of_every_key_in_event_order(
             [1 << shift, 1 << shift, 2 << shift, 0, 0, 2 << shift],
         )
     ]
-    table = writer.tables[table_id]
+    table = writer.tables.tables[table_id]
     assert [table.get(k) for k in keys] == [2 << shift, 0, 0, 2 << shift]
     assert writer.applied_keys == 6
     assert writer.sequences.current(worker.id) == (3, 5)
@@ -388,7 +389,7 @@ def test_staged_batches_end_up_as_if_applied_one_by_one() -> None:
     for offset, batch in enumerate(batches):
         assert applied.apply(batch, offset) is Admission.APPLY
         assert staged.stage(batch, offset) is Admission.APPLY
-    assert all(len(t) == 0 for t in staged.tables.values())  # nothing written yet
+    assert staged.tables.count == 0  # nothing written yet
     # dedupe does not wait for writes
     assert staged.stage(batches[-1], len(batches)) is Admission.DUPLICATE
     applied.skip(len(batches))
@@ -439,12 +440,12 @@ def test_flushes_are_contiguous_batches_of_this_owner_and_epoch() -> None:
 def test_a_grown_table_waits_for_its_snapshot_and_nothing_is_lost() -> None:
     fleet = Fleet()
     writer = _writer()
-    views = {t: LudoView(table.view_image()) for t, table in writer.tables.items()}
+    views = {t: LudoView(image) for t, image in writer.tables.view_images().items()}
     store = Store()
     rng = np.random.default_rng(12)
     offset = 0
-    generation = writer.tables[0].geometry.generation
-    while writer.tables[0].geometry.generation == generation:
+    generation = writer.tables.generations[0]
+    while writer.tables.generations[0] == generation:
         fleet.publishers["us-0"].admit(_prompt(rng), Tier.VRAM)
         for batch in fleet.take(0):
             writer.apply(batch, offset)
@@ -463,7 +464,7 @@ def test_a_grown_table_waits_for_its_snapshot_and_nothing_is_lost() -> None:
     saved = store.saved[reload.snapshot_key]
     assert saved.meta.next_seq == 2  # the snapshot holds this batch's content
     _apply_view(views, batch, store)
-    keys, values = writer.tables[0].items()
+    keys, values = writer.tables.tables[0].items()
     for k, v in zip(keys.tolist(), values.tolist(), strict=True):
         assert views[0].lookup(k) == v
 
@@ -517,7 +518,7 @@ def test_takeover_restores_tables_positions_and_dedupe() -> None:
     for t, table in original.items():
         keys, values = table.items()
         for k, v in zip(keys.tolist(), values.tolist(), strict=True):
-            assert restored.tables[t].get(k) == v
+            assert restored.tables.tables[t].get(k) == v
     # still a duplicate, read again at a later offset
     assert restored.apply(batches[-1], len(batches)) is Admission.DUPLICATE
 
@@ -541,7 +542,7 @@ def test_a_lost_snapshot_is_detected_and_the_shard_rebuilt_from_the_log() -> Non
     assert takeover.resume_offset == 0
     assert takeover.events_gone == 0
     assert writer.epoch == 4  # Redis lost everything; the stream did not
-    assert all(len(t) == 0 for t in writer.tables.values())
+    assert writer.tables.count == 0
 
 
 def test_events_gone_from_the_log_are_reported() -> None:
@@ -568,13 +569,22 @@ def _damaged(how: str) -> ShardSnapshot:
         return replace(snap, keys=keys)
     if how == "sequences":
         return replace(snap, meta=replace(snap.meta, worker_seq={"garbage": 1}))
+    if how == "n_shards":
+        return replace(snap, meta=replace(snap.meta, n_shards=4))
+    if how == "topology":
+        return replace(snap, meta=replace(snap.meta, topology_digest="0" * 32))
+    if how == "no owner":
+        return replace(snap, meta=replace(snap.meta, owner=""))
     raise AssertionError(how)
 
 
 @pytest.mark.parametrize(
     ("how", "named"),
     [
-        ("shard", "of shard 2, not 1"),
+        ("shard", "snapshot meta: shard is 2, expected 1"),
+        ("n_shards", "snapshot meta: n_shards is 4, expected 3"),
+        ("topology", "snapshot meta: topology_digest is '000"),
+        ("no owner", "snapshot meta: owner is '', expected 'kvc-mu/kvc:snap'"),
         ("tables", "has tables [0]"),
         ("keys", ""),
         ("sequences", "'garbage'"),
@@ -588,8 +598,15 @@ def test_a_corrupt_snapshot_is_refused_and_the_shard_rebuilt(how: str, named: st
     assert takeover.snapshot_refused
     assert takeover.resume_offset == 0
     assert writer.epoch == 1
-    assert all(len(t) == 0 for t in writer.tables.values())
+    assert writer.tables.count == 0
     assert writer.sequences.to_map() == {}
+
+
+def test_a_snapshot_of_another_owner_is_a_configuration_error() -> None:
+    snap, _ = _restorable()
+    foreign = replace(snap, meta=replace(snap.meta, owner="other-group/kvc:snap"))
+    with pytest.raises(ConfigError, match="belongs to 'other-group/kvc:snap'"):
+        _take_over(foreign, shard=1)
 
 
 def test_a_writer_takes_over_once() -> None:

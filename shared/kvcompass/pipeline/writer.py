@@ -26,10 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from kvcompass.errors import BadInput, InvariantBroken
+from kvcompass.errors import BadInput, ConfigError, InvariantBroken
 from kvcompass.index.errors import SnapshotError
 from kvcompass.index.layout import IndexLayout
-from kvcompass.index.ludo import LudoTable
+from kvcompass.index.shard_tables import ShardTables
 from kvcompass.keys import shard_of_array
 from kvcompass.pipeline.clock import Clock
 from kvcompass.pipeline.sequences import Admission, WorkerSequences
@@ -90,12 +90,13 @@ class ShardWriter:
         self.n_shards = n_shards
         self.owner = owner
         self.layout = IndexLayout.from_topology(topology)
+        self.topology_digest = self.layout.digest()
         self._workers = {w.id: (w.index, w.region) for w in topology.workers}
         self._clock = clock
         self._max_seq_jump = max_seq_jump
         self._initial_capacity = initial_capacity
         self._rng = rng or random.Random()
-        self.tables: dict[int, LudoTable] = self._empty_tables()
+        self.tables = self._empty_tables()
         self.sequences = WorkerSequences(max_seq_jump)
         self.epoch = 0
         self.next_seq = 0
@@ -111,16 +112,14 @@ class ShardWriter:
         self.duplicates = 0
         self.restarts = 0
 
-    def _empty_tables(self) -> dict[int, LudoTable]:
-        return {
-            spec.table_id: LudoTable.with_capacity(
-                self._initial_capacity,
-                value_bits=spec.value_bits,
-                fingerprint_bits=self.layout.fingerprint_bits,
-                rng=self._rng,
-            )
-            for spec in self.layout.tables
-        }
+    def _empty_tables(self) -> ShardTables:
+        return ShardTables(
+            self.layout,
+            self.shard,
+            self.n_shards,
+            initial_capacity=self._initial_capacity,
+            rng=self._rng,
+        )
 
     # -- takeover --------------------------------------------------------------------
 
@@ -158,7 +157,7 @@ class ShardWriter:
         self.epoch = max(0 if meta is None else meta.epoch, stream_epoch or 0) + 1
         self.events_offset = self._flushed_offset = resume - 1
         self.patches_offset = max(0 if meta is None else meta.patches_offset, stream_end)
-        self._generations = {t: table.geometry.generation for t, table in self.tables.items()}
+        self._generations = self.tables.generations
         self.next_seq = 1
         self._taken_over = True
         announce = PatchBatch(
@@ -182,18 +181,29 @@ class ShardWriter:
     def _restore(self, snapshot: ShardSnapshot) -> SnapshotMeta:
         """Load the snapshot's state, or raise what is wrong with it (nothing kept)."""
         meta = snapshot.meta
-        if meta.shard != self.shard:
-            raise SnapshotError(f"snapshot meta is of shard {meta.shard}, not {self.shard}")
-        want = {spec.table_id for spec in self.layout.tables}
-        if set(snapshot.views) != want or set(snapshot.keys) != want:
-            raise SnapshotError(
-                f"snapshot of shard {self.shard} has tables {sorted(snapshot.views)} / "
-                f"keys {sorted(snapshot.keys)}, this topology has {sorted(want)}"
-            )
-        tables = {t: LudoTable.from_parts(snapshot.views[t], snapshot.keys[t]) for t in want}
+        self.check_meta(meta)
+        tables = ShardTables.from_parts(
+            self.layout, self.shard, self.n_shards, snapshot.views, snapshot.keys, rng=self._rng
+        )
         sequences = WorkerSequences.from_map(meta.worker_seq, self._max_seq_jump)
         self.tables, self.sequences = tables, sequences
         return meta
+
+    def check_meta(self, meta: SnapshotMeta) -> None:
+        """Raise unless ``meta`` is of this shard, shard count, layout and owner:
+        :class:`ConfigError` for another owner, :class:`SnapshotError` otherwise."""
+        if meta.owner and meta.owner != self.owner:
+            raise ConfigError(
+                f"the snapshot of shard {self.shard} belongs to {meta.owner!r}, this unit is "
+                f"{self.owner!r}: two consumer groups share one snapshot prefix"
+            )
+        expected = (self.shard, self.n_shards, self.topology_digest, self.owner)
+        found = (meta.shard, meta.n_shards, meta.topology_digest, meta.owner)
+        for name, want, got in zip(
+            ("shard", "n_shards", "topology_digest", "owner"), expected, found, strict=True
+        ):
+            if want != got:
+                raise SnapshotError(f"snapshot meta: {name} is {got!r}, expected {want!r}")
 
     # -- events ----------------------------------------------------------------------
 
@@ -250,7 +260,7 @@ class ShardWriter:
                     keys, clear, bits = (
                         np.concatenate(column) for column in zip(*parts, strict=True)
                     )
-                self.tables[table_id].write_bits_many(keys, clear, bits)
+                self.tables.write_columns(table_id, keys, clear, bits)
         except InvariantBroken as exc:
             self._broken = f"write to shard {self.shard} failed: {exc}"
             raise
@@ -309,20 +319,20 @@ class ShardWriter:
         """
         self.write_staged()
         seq = self.next_seq
-        grown = [t for t, table in self.tables.items() if self._grew(t, table)]
+        generations = self.tables.generations
+        grown = [t for t, g in generations.items() if g != self._generations[t]]
         reload_key = None
         if grown:
             if persist is None:
                 raise ValueError(f"tables {grown} grew: flush needs a way to persist them")
             reload_key = persist(self._snapshot(next_seq=seq + 1))
         tables = []
-        for table_id, table in self.tables.items():
-            patch = table.take_patch()
+        for table_id, patch in sorted(self.tables.take_patches().items()):
             if patch.reload is not None and reload_key is not None:
                 tables.append(TablePatchWire(table_id, TableReload(patch.generation, reload_key)))
-            elif not patch.is_empty:
+            else:
                 tables.append(TablePatchWire(table_id, patch))
-            self._generations[table_id] = table.geometry.generation
+        self._generations = generations
         if not tables and self.events_offset == self._flushed_offset:
             return None
         batch = PatchBatch(
@@ -339,9 +349,6 @@ class ShardWriter:
         self._flushed_offset = self.events_offset
         return batch
 
-    def _grew(self, table_id: int, table: LudoTable) -> bool:
-        return table.geometry.generation != self._generations[table_id]
-
     def delivered(self, seq: int, offset: int) -> None:
         """Batch ``seq`` of this epoch landed at ``offset`` of the patch partition: an
         edge starting from a later snapshot may resume after it."""
@@ -355,18 +362,18 @@ class ShardWriter:
         return self._snapshot(self.next_seq)
 
     def _snapshot(self, next_seq: int) -> ShardSnapshot:
-        views: dict[int, bytes] = {}
-        keys: dict[int, bytes] = {}
-        for table_id, table in self.tables.items():
-            views[table_id], keys[table_id] = table.snapshot_parts()
+        views, keys = self.tables.snapshot_parts()
         meta = SnapshotMeta(
             shard=self.shard,
             epoch=self.epoch,
             next_seq=next_seq,
             events_offset=self.events_offset,
             patches_offset=self.patches_offset,
-            generations={t: tb.geometry.generation for t, tb in self.tables.items()},
+            generations=self.tables.generations,
             worker_seq=self.sequences.to_map(),
             created_ns=self._clock.wall_ns(),
+            owner=self.owner,
+            n_shards=self.n_shards,
+            topology_digest=self.topology_digest,
         )
         return ShardSnapshot(meta, views, keys)
