@@ -23,7 +23,11 @@ class EdgeMetrics:
             "kvc_edge_batches_rejected", "Undecodable or misrouted batches.", registry=r
         )
         self.resyncs = Counter(
-            "kvc_edge_resyncs", "Shard reloads after a gap or new epoch.", ["shard"], registry=r
+            "kvc_edge_resyncs",
+            "Shard reloads, by cause: stream (a gap or new epoch), snapshot (anti-entropy), "
+            "reload (a table reload failed), broker (it came back).",
+            ["shard", "cause"],
+            registry=r,
         )
         self.refused = Counter(
             "kvc_edge_snapshots_refused", "Snapshots refused as corrupt.", ["shard"], registry=r

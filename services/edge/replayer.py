@@ -117,7 +117,6 @@ class EdgeReplayer:
         self._broker_down_since: float | None = None
         self._next_probe = 0.0
         self._foreign_owners: set[str] = set()
-        self.resyncs = 0
         self._stack = contextlib.ExitStack()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -318,11 +317,14 @@ class EdgeReplayer:
         seq, epoch, _ = self.writer.position(shard)
         self.writer.set_position(shard, seq, epoch, ready=False)
 
-    def _resync(self, shard: int, reason: str, rewound: set[int]) -> None:
-        """Reload the shard and re-read its partition from the snapshot's offset."""
-        self.resyncs += 1
-        self.metrics.resyncs.labels(str(shard)).inc()
-        self._logs[shard].warning("shard_resync", reason=reason)
+    def _resync(self, shard: int, cause: str, reason: str, rewound: set[int]) -> None:
+        """Reload the shard and re-read its partition from the snapshot's offset.
+
+        ``cause`` (a metric label): ``stream`` (a gap or a new epoch), ``snapshot``
+        (anti-entropy), ``reload`` (a table reload failed), ``broker`` (it came back).
+        """
+        self.metrics.resyncs.labels(str(shard), cause).inc()
+        self._logs[shard].warning("shard_resync", cause=cause, reason=reason)
         self.followers[shard].unload()
         self._mark_not_ready(shard)
         rewound.add(shard)  # the rest of this read is re-read after the reload
@@ -359,7 +361,7 @@ class EdgeReplayer:
                 self._logs[shard].warning("snapshot_owner_changed", old=old, new=meta.owner)
             if check is not SnapshotCheck.CURRENT:
                 why = f"snapshot at {meta.epoch}/{meta.next_seq} by {meta.owner!r}: {check.value}"
-                self._resync(shard, why, set())
+                self._resync(shard, "snapshot", why, set())
 
     def _current_meta(self, shard: int) -> SnapshotMeta | None:
         vkey = self._store.current(shard)
@@ -433,7 +435,7 @@ class EdgeReplayer:
         self._set_health("broker", True)
         rewound: set[int] = set()
         for shard in range(len(self.followers)):
-            self._resync(shard, "the broker came back", rewound)
+            self._resync(shard, "broker", "the broker came back", rewound)
 
     # -- the stream ----------------------------------------------------------------------
 
@@ -466,7 +468,8 @@ class EdgeReplayer:
         elif verdict is Verdict.RESYNC:
             pos = follower.position
             want = f"{pos.epoch}/{pos.next_seq}" if pos else "a snapshot"
-            self._resync(partition, f"expected {want}, got {batch.epoch}/{batch.seq}", rewound)
+            why = f"expected {want}, got {batch.epoch}/{batch.seq}"
+            self._resync(partition, "stream", why, rewound)
         elif verdict is Verdict.IGNORE_FOREIGN:
             self.metrics.foreign.inc()
             if batch.owner not in self._foreign_owners:
@@ -486,14 +489,15 @@ class EdgeReplayer:
             load = partial(self._store.load_view, entry.patch.snapshot_key, entry.table_id)
             image = self._redis_call(load)
             if image is None:
-                self._resync(shard, f"table {entry.table_id}: reload image unavailable", rewound)
+                why = f"table {entry.table_id}: reload image unavailable"
+                self._resync(shard, "reload", why, rewound)
                 return
             self.writer.load_table(shard, entry.table_id, image)
         if patches:
             try:
                 self.writer.apply(shard, patches)
             except GenerationMismatch as exc:
-                self._resync(shard, str(exc), rewound)
+                self._resync(shard, "reload", str(exc), rewound)
                 return
         self.followers[shard].applied(batch)
         self.writer.set_position(shard, batch.seq, batch.epoch)

@@ -59,8 +59,14 @@ class ThreadedEdge:
             raise self.error
         return self
 
-    def metric(self, name: str) -> float:
-        return self.registry.get_sample_value(name) or 0.0
+    def metric(self, name: str, **labels: str) -> float:
+        """A sample's value, summed over the labels not given (0 when absent)."""
+        total = 0.0
+        for family in self.registry.collect():
+            for sample in family.samples:
+                if sample.name == name and labels.items() <= sample.labels.items():
+                    total += sample.value
+        return total
 
     def stop(self) -> None:
         self._stop.set()
