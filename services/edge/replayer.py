@@ -56,6 +56,9 @@ Poll = Callable[[], Sequence[Message]]
 
 _CONNECT_TIMEOUT_S = 10.0  # start-up checks of the broker and Redis
 _PROBE_S = 1.0  # how often a lost broker is asked whether it is back
+# Caught up: the stream was found empty this recently (a per-poll flag would flap, and
+# every flap is a readiness log line).
+_CAUGHT_UP_WINDOW_S = 1.0
 _REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError)
 
 
@@ -112,7 +115,7 @@ class EdgeReplayer:
         self._resume_at = [0] * n  # per shard: kvc.patches offset of its snapshot
         self._redis_backoff = _Backoff(settings.bootstrap_retry_s, settings.redis_retry_max_s)
         self._assigned = False
-        self._idle = False
+        self._drained_at: float | None = None  # when a poll last found the stream empty
         self._last_progress = 0.0
         self._broker_down_since: float | None = None
         self._next_probe = 0.0
@@ -224,7 +227,8 @@ class EdgeReplayer:
                 stop.wait(s.bootstrap_retry_s)
                 continue
             messages = poll()
-            self._idle = not messages
+            if not messages:
+                self._drained_at = self._clock.monotonic()
             rewound: set[int] = set()
             for message in messages:
                 if message.partition() not in rewound:
@@ -239,7 +243,10 @@ class EdgeReplayer:
         loaded = sum(f.is_loaded for f in self.followers)
         up = self._broker_down_since is None
         self._set_health("shards_loaded", loaded == len(self.followers), f"{loaded} loaded")
-        self._set_health("caught_up", self._idle and up)
+        drained = self._drained_at is not None and (
+            self._clock.monotonic() - self._drained_at < _CAUGHT_UP_WINDOW_S
+        )
+        self._set_health("caught_up", drained and up)
         now_ns = self._clock.wall_ns()
         lag_ns = max((f.lag_ns(now_ns) for f in self.followers), default=0)
         self.metrics.lag.set(lag_ns / 1e6)
@@ -404,7 +411,6 @@ class EdgeReplayer:
         self._next_probe = self._broker_down_since + _PROBE_S
         for shard in range(len(self.followers)):
             self._mark_not_ready(shard)
-        self._idle = False
         log.error("broker_lost", error=reason, exit_after_s=self.settings.broker_timeout_s)
         self._set_health("broker", False, reason)
         self._report()
