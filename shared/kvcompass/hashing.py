@@ -5,7 +5,8 @@ bijection that decorrelates its several uses of one key (shard, bucket pair, Oth
 cells, in-bucket slot, fingerprint). MurmurHash3's 64-bit finaliser is that bijection.
 The scalar form works on Python ints, the array form on ``uint64`` arrays; both return
 bit-identical results, which the maintenance side (scalar) and the lookup view
-(vectorised) depend on.
+(vectorised) depend on. The compiled write path has the one other definition
+(``kernel._mix64``): numba cannot call a function on unbounded Python ints.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ __all__ = [
     "MASK64",
     "mix64",
     "mix64_array",
-    "reduce32",
-    "reduce32_array",
 ]
 
 MASK32 = (1 << 32) - 1
@@ -35,8 +34,6 @@ _C2 = 0xC4CEB9FE1A85EC53
 _U33 = np.uint64(33)
 _UC1 = np.uint64(_C1)
 _UC2 = np.uint64(_C2)
-_U32 = np.uint64(32)
-_UMASK32 = np.uint64(MASK32)
 
 
 def mix64(x: int) -> int:
@@ -70,23 +67,3 @@ def mix64_array(
     np.right_shift(out, _U33, out=tmp)
     out ^= tmp
     return out
-
-
-def reduce32(h32: int, n: int) -> int:
-    """Map a uniform 32-bit value onto ``[0, n)`` without division (Lemire's reduction)."""
-    return (h32 * n) >> 32
-
-
-def reduce32_array(h32: NDArray[np.uint64], n: int) -> NDArray[np.uint64]:
-    """Vectorised :func:`reduce32`; ``h32`` must hold values below 2^32 and n < 2^32."""
-    return (h32 * np.uint64(n)) >> _U32
-
-
-def low32_array(h: NDArray[np.uint64]) -> NDArray[np.uint64]:
-    """The low 32 bits of every element."""
-    return h & _UMASK32
-
-
-def high32_array(h: NDArray[np.uint64]) -> NDArray[np.uint64]:
-    """The high 32 bits of every element."""
-    return h >> _U32

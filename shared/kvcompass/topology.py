@@ -49,6 +49,8 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import NDArray
 
+from kvcompass.errors import ConfigError
+
 __all__ = [
     "AUTO_VALUE_BITS",
     "IndexSettings",
@@ -70,7 +72,7 @@ _REGION_NAME = re.compile(r"[a-z][a-z0-9_]*")
 _PACKAGE_DIR: Final = "topologies"
 
 
-class TopologyError(ValueError):
+class TopologyError(ConfigError):
     """A topology file is unreadable or invalid; ``str()`` names the file and dotted field."""
 
     def __init__(self, path: str, field: str, message: str) -> None:
@@ -241,7 +243,8 @@ def load_builtin(name: str) -> Topology:
     """Load a topology shipped in the package (see :func:`builtin_names`)."""
     resource = resources.files("kvcompass").joinpath(_PACKAGE_DIR, f"{name}.toml")
     if not resource.is_file():
-        raise ValueError(f"no built-in topology {name!r}; known: {', '.join(builtin_names())}")
+        known = ", ".join(builtin_names())
+        raise TopologyError(f"{name}.toml", "", f"no built-in topology {name!r}; known: {known}")
     return _parse(resource.read_text(encoding="utf-8"), f"{name}.toml")
 
 

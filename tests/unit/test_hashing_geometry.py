@@ -249,3 +249,11 @@ def test_for_capacity_other_load_limits_and_seeds() -> None:
     assert other.bucket_seed != g.bucket_seed
     seeds = {g.bucket_seed, g.othello_seed, g.slot_seed, g.fingerprint_seed}
     assert len(seeds) == 4
+
+
+def test_the_compiled_mix64_agrees_with_the_python_one() -> None:
+    from kvcompass.index import kernel
+
+    rng = random.Random(8)
+    for x in [0, 1, MASK63, MASK64] + [rng.getrandbits(64) for _ in range(200)]:
+        assert int(kernel._mix64(np.uint64(x))) == mix64(x)

@@ -9,6 +9,7 @@ import zlib
 import numpy as np
 import pytest
 
+from kvcompass.errors import BadInput
 from kvcompass.index import (
     GenerationMismatch,
     LudoTable,
@@ -25,6 +26,7 @@ VALUE_BITS = 12
 COUNT = 16 + 5 * 8  # sixth u64: nb, ma, mb, capacity, generation, count
 MA = 16 + 8
 PAYLOAD_CRC = 112
+VIEW_CRC = 16 + 10 * 8  # the eleventh u64: the key image's paired view checksum
 HEADER_CRC = 116
 HEADER_STRUCT_END = 120
 
@@ -40,8 +42,11 @@ def filled_table(n: int = 300, *, fingerprint_bits: int = 8, seed: int = 1) -> L
 
 TABLE = filled_table()
 IMAGE = TABLE.view_image()
-SNAPSHOT = TABLE.snapshot()
+# The production snapshot format: the view half and the key half, stored apart.
+VIEW_HALF, KEY_HALF = TABLE.snapshot_parts()
 LAYOUT = layout_of(TABLE.geometry)
+#: Byte offset of the key array inside the key half.
+KEYS = HEADER_SIZE
 
 
 def flipped(data: bytes, pos: int, mask: int = 0x01) -> bytes:
@@ -58,13 +63,31 @@ def reseal(data: bytes | bytearray) -> bytes:
     return bytes(out)
 
 
+def reseal_pair(view: bytes | bytearray, keys: bytes | bytearray) -> tuple[bytes, bytes]:
+    """Reseal both halves and pair the key half with the resealed view again."""
+    view = reseal(view)
+    out = bytearray(keys)
+    struct.pack_into("<Q", out, VIEW_CRC, zlib.crc32(view[HEADER_SIZE:]))
+    return view, reseal(out)
+
+
+def restore_keys(keys: bytes) -> LudoTable:
+    return LudoTable.from_parts(VIEW_HALF, keys)
+
+
+def restore_view(view: bytes) -> LudoTable:
+    return LudoTable.from_parts(view, KEY_HALF)
+
+
 def test_valid_images_round_trip() -> None:
     view = LudoView(IMAGE)
     assert view.image(TABLE.count) == IMAGE
     assert LudoView(view.image()).image() == view.image()
-    assert LudoTable.restore(SNAPSHOT).snapshot() == SNAPSHOT
+    assert LudoTable.from_parts(VIEW_HALF, KEY_HALF).snapshot_parts() == (VIEW_HALF, KEY_HALF)
     assert reseal(IMAGE) == IMAGE
+    assert reseal_pair(VIEW_HALF, KEY_HALF) == (VIEW_HALF, KEY_HALF)
     assert issubclass(SnapshotError, ValueError)
+    assert issubclass(SnapshotError, BadInput)
 
 
 def payload_positions(end: int) -> list[int]:
@@ -89,31 +112,73 @@ def test_flipped_payload_byte_refused_by_view(pos: int) -> None:
         LudoView(flipped(IMAGE, pos))
 
 
-@pytest.mark.parametrize("pos", payload_positions(LAYOUT.maintenance_end))
+@pytest.mark.parametrize("pos", payload_positions(LAYOUT.view_end))
 def test_flipped_payload_byte_refused_by_restore(pos: int) -> None:
     with pytest.raises(SnapshotError, match="payload checksum mismatch"):
-        LudoTable.restore(flipped(SNAPSHOT, pos, 0x80))
+        restore_view(flipped(VIEW_HALF, pos, 0x80))
 
 
-def test_flipped_key_byte_refused_by_restore() -> None:
+@pytest.mark.parametrize("pos", payload_positions(LAYOUT.keys_end))
+def test_flipped_key_byte_refused_by_restore(pos: int) -> None:
     with pytest.raises(SnapshotError, match="payload checksum mismatch"):
-        LudoTable.restore(flipped(SNAPSHOT, LAYOUT.keys + 8 * 7 + 2))
+        restore_keys(flipped(KEY_HALF, pos))
+    with pytest.raises(SnapshotError, match="payload checksum mismatch"):
+        restore_keys(flipped(KEY_HALF, KEYS + 8 * 7 + 2))
 
 
-HEADER_ERRORS = r"not a KVCompass Ludo image|unsupported image format version|header checksum"
+@pytest.mark.parametrize("mask", [0x01, 0x80, 0xFF])
+def test_every_flipped_byte_of_both_halves_refused(mask: int) -> None:
+    """The format production restores from: no single flipped byte is ever accepted.
+
+    (Before the key half carried its own checksum, about 1 flip in (number of buckets)
+    in its keys was accepted and restored a different key.)
+    """
+    accepted = []
+    for pos in range(len(VIEW_HALF)):
+        try:
+            restore_view(flipped(VIEW_HALF, pos, mask))
+            accepted.append(("view", pos))
+        except SnapshotError:
+            pass
+    for pos in range(len(KEY_HALF)):
+        try:
+            restore_keys(flipped(KEY_HALF, pos, mask))
+            accepted.append(("keys", pos))
+        except SnapshotError:
+            pass
+    assert accepted == []
+
+
+HEADER_ERRORS = (
+    r"not a KVCompass Ludo image|unsupported image format version|header checksum"
+    r"|header padding is not zero"
+)
 
 
 @pytest.mark.parametrize("mask", [0x01, 0x80])
 def test_every_flipped_header_byte_refused(mask: int) -> None:
-    for pos in range(HEADER_STRUCT_END):
-        for data, opener in ((IMAGE, LudoView), (SNAPSHOT, LudoTable.restore)):
+    """Every header byte, its zero padding included."""
+    for pos in range(HEADER_SIZE):
+        for data, opener in (
+            (IMAGE, LudoView),
+            (VIEW_HALF, restore_view),
+            (KEY_HALF, restore_keys),
+        ):
             with pytest.raises(SnapshotError, match=HEADER_ERRORS):
                 opener(flipped(data, pos, mask))
 
 
+def test_header_padding_outside_the_crc_is_checked() -> None:
+    for data, opener in ((IMAGE, LudoView), (KEY_HALF, restore_keys)):
+        with pytest.raises(SnapshotError, match="header padding is not zero"):
+            opener(flipped(data, HEADER_STRUCT_END))
+        with pytest.raises(SnapshotError, match="header padding is not zero"):
+            opener(flipped(data, HEADER_SIZE - 1, 0x80))
+
+
 @pytest.mark.parametrize("cut", [0, 1, 10, HEADER_SIZE - 1, HEADER_SIZE, 1000, -64, -1])
 def test_truncated_image_refused(cut: int) -> None:
-    for data, opener in ((IMAGE, LudoView), (SNAPSHOT, LudoTable.restore)):
+    for data, opener in ((IMAGE, LudoView), (VIEW_HALF, restore_view), (KEY_HALF, restore_keys)):
         short = data[:cut]
         with pytest.raises(SnapshotError, match=r"too short|does not match its geometry"):
             opener(short)
@@ -124,7 +189,9 @@ def test_extra_bytes_refused(extra: bytes) -> None:
     with pytest.raises(SnapshotError, match=r"image length \d+ does not match its geometry"):
         LudoView(IMAGE + extra)
     with pytest.raises(SnapshotError, match="does not match its geometry"):
-        LudoTable.restore(SNAPSHOT + extra)
+        restore_view(VIEW_HALF + extra)
+    with pytest.raises(SnapshotError, match="does not match its geometry"):
+        restore_keys(KEY_HALF + extra)
 
 
 def test_wrong_magic_refused() -> None:
@@ -132,6 +199,8 @@ def test_wrong_magic_refused() -> None:
         data = magic + IMAGE[8:]
         with pytest.raises(SnapshotError, match="not a KVCompass Ludo image"):
             LudoView(data)
+        with pytest.raises(SnapshotError, match="not a KVCompass Ludo image"):
+            restore_keys(magic + KEY_HALF[8:])
     with pytest.raises(SnapshotError, match="not a KVCompass Ludo image"):
         LudoView(b"x" * len(IMAGE))
 
@@ -143,24 +212,27 @@ def test_wrong_format_version_refused() -> None:
         LudoView(reseal(data))
 
 
-def test_maintenance_snapshot_is_not_a_view_image() -> None:
+def test_key_image_is_not_a_view_image() -> None:
     with pytest.raises(SnapshotError, match="not a view image"):
-        LudoView(SNAPSHOT)
+        LudoView(KEY_HALF)
     with pytest.raises(SnapshotError, match="not a view image"):
-        LudoView(SNAPSHOT[: len(IMAGE)])
+        LudoView(KEY_HALF[: len(IMAGE)])
+    with pytest.raises(SnapshotError, match="not a view image"):
+        LudoTable.from_parts(KEY_HALF, KEY_HALF)
 
 
-def test_view_image_is_not_a_maintenance_snapshot() -> None:
-    with pytest.raises(SnapshotError, match="not a maintenance image"):
-        LudoTable.restore(IMAGE)
-    with pytest.raises(SnapshotError, match="not a maintenance image"):
-        LudoTable.restore(LudoView(IMAGE).image())
+def test_view_image_is_not_a_key_image() -> None:
+    with pytest.raises(SnapshotError, match="not a key image"):
+        restore_keys(IMAGE)
+    with pytest.raises(SnapshotError, match="not a key image"):
+        restore_keys(LudoView(IMAGE).image())
 
 
-def test_unknown_kind_refused() -> None:
+@pytest.mark.parametrize("kind", [2, 4])  # 2: the retired view-and-keys image
+def test_unknown_kind_refused(kind: int) -> None:
     data = bytearray(IMAGE)
-    struct.pack_into("<H", data, 10, 3)
-    with pytest.raises(SnapshotError, match="unknown image kind 3"):
+    struct.pack_into("<H", data, 10, kind)
+    with pytest.raises(SnapshotError, match=f"unknown image kind {kind}"):
         LudoView(reseal(data))
 
 
@@ -189,14 +261,28 @@ def test_header_of_another_shape_refused() -> None:
 
 
 def test_restore_refuses_a_wrong_key_count() -> None:
-    data = bytearray(SNAPSHOT)
-    struct.pack_into("<Q", data, COUNT, TABLE.count + 1)
+    view, keys = bytearray(VIEW_HALF), bytearray(KEY_HALF)
+    struct.pack_into("<Q", view, COUNT, TABLE.count + 1)
+    struct.pack_into("<Q", keys, COUNT, TABLE.count + 1)
     with pytest.raises(SnapshotError, match=f"holds {TABLE.count} keys but its header says"):
-        LudoTable.restore(reseal(data))
+        LudoTable.from_parts(*reseal_pair(view, keys))
+    # Only the key half's count changed: it no longer describes its view.
+    with pytest.raises(SnapshotError, match="describes another table than its view"):
+        restore_keys(reseal(keys))
+
+
+def key_array() -> np.ndarray:
+    return np.frombuffer(KEY_HALF, np.int64, TABLE.geometry.n_cells, KEYS).copy()
+
+
+def with_keys(keys: np.ndarray) -> bytes:
+    data = bytearray(KEY_HALF)
+    data[KEYS : LAYOUT.keys_end] = keys.tobytes()
+    return reseal(data)
 
 
 def test_restore_refuses_a_key_outside_its_buckets() -> None:
-    keys = np.frombuffer(SNAPSHOT, np.int64, TABLE.geometry.n_cells, LAYOUT.keys).copy()
+    keys = key_array()
     occupied = np.flatnonzero(keys >= 0)
     g = TABLE.geometry
     # Move one key into a cell of a bucket that is neither of its candidates.
@@ -204,20 +290,35 @@ def test_restore_refuses_a_key_outside_its_buckets() -> None:
     candidates = set(g.buckets(key))
     target = next(p for p in np.flatnonzero(keys < 0).tolist() if p // 4 not in candidates)
     keys[target], keys[occupied[0]] = keys[occupied[0]], -1
-    data = bytearray(SNAPSHOT)
-    data[LAYOUT.keys : LAYOUT.maintenance_end] = keys.tobytes()
     with pytest.raises(SnapshotError, match="outside its candidate buckets"):
-        LudoTable.restore(reseal(data))
+        restore_keys(with_keys(keys))
+
+
+def test_restore_refuses_keys_the_view_does_not_hold() -> None:
+    keys = key_array()
+    occupied = np.flatnonzero(keys >= 0)
+    changed = keys.copy()
+    changed[occupied[0]] ^= 1 << 40  # another key in the same cell
+    with pytest.raises(SnapshotError, match=r"outside its candidate buckets|do not match"):
+        restore_keys(with_keys(changed))
+    twice = keys.copy()
+    twice[occupied[1]] = keys[occupied[0]]
+    with pytest.raises(SnapshotError, match="holds a key twice"):
+        restore_keys(with_keys(twice))
+    negative = keys.copy()
+    negative[np.flatnonzero(keys < 0)[0]] = -2
+    with pytest.raises(SnapshotError, match="negative key"):
+        restore_keys(with_keys(negative))
 
 
 def test_restore_refuses_locator_bits_that_misclassify() -> None:
     g = TABLE.geometry
     keys, _ = TABLE.items()
     node, _ = g.nodes(int(keys[0]))
-    data = bytearray(SNAPSHOT)
-    data[LAYOUT.words + node // 8] ^= 1 << (node % 8)
+    view = bytearray(VIEW_HALF)
+    view[LAYOUT.words + node // 8] ^= 1 << (node % 8)
     with pytest.raises(SnapshotError, match="locator bits do not match"):
-        LudoTable.restore(reseal(data))
+        LudoTable.from_parts(*reseal_pair(view, KEY_HALF))
 
 
 # -- generations ------------------------------------------------------------------------
@@ -327,19 +428,31 @@ def test_view_nbytes_counts_lookup_state() -> None:
 def test_snapshot_parts_round_trip() -> None:
     view_half, key_half = TABLE.snapshot_parts()
     assert view_half == IMAGE
-    assert LudoTable.from_parts(view_half, key_half).snapshot() == SNAPSHOT
+    assert LudoTable.from_parts(view_half, key_half).snapshot_parts() == (view_half, key_half)
 
 
 def test_snapshot_parts_refuse_mismatched_halves() -> None:
     view_half, key_half = TABLE.snapshot_parts()
-    with pytest.raises(SnapshotError, match="key array has"):
+    with pytest.raises(SnapshotError, match="does not match its geometry"):
         LudoTable.from_parts(view_half, key_half[:-8])
     with pytest.raises(SnapshotError, match="not a view image"):
-        LudoTable.from_parts(SNAPSHOT, key_half)
+        LudoTable.from_parts(key_half, key_half)
     with pytest.raises(SnapshotError, match="payload checksum"):
         LudoTable.from_parts(flipped(view_half, LAYOUT.cells), key_half)
     # Keys of another table with the same geometry sizes: refused, not trusted.
     other = filled_table(seed=2)
     assert other.geometry.nb == TABLE.geometry.nb
-    with pytest.raises(SnapshotError, match=r"outside its candidate buckets|header says"):
+    with pytest.raises(SnapshotError, match="belongs to another view"):
         LudoTable.from_parts(view_half, other.snapshot_parts()[1])
+
+
+def test_halves_of_two_snapshots_of_one_table_refused() -> None:
+    """Same table, same generation, one write apart: the key half names its view."""
+    table = filled_table(seed=4)
+    old_view, old_keys = table.snapshot_parts()
+    table.put(12345, 9)
+    new_view, new_keys = table.snapshot_parts()
+    assert LudoTable.from_parts(new_view, new_keys).get(12345) == 9
+    for view, keys in ((old_view, new_keys), (new_view, old_keys)):
+        with pytest.raises(SnapshotError, match="belongs to another view"):
+            LudoTable.from_parts(view, keys)

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvcompass.errors import ConfigError
 from kvcompass.topology import (
     AUTO_VALUE_BITS,
     IndexSettings,
@@ -127,8 +128,10 @@ def test_unknown_names_raise_key_error() -> None:
         t.region("mars")
     with pytest.raises(KeyError, match="us-99"):
         t.worker("us-99")
-    with pytest.raises(ValueError, match="no built-in topology"):
+    with pytest.raises(TopologyError, match="no built-in topology 'nowhere'; known: ") as info:
         load_builtin("nowhere")
+    assert isinstance(info.value, ConfigError)
+    assert isinstance(info.value, ValueError)
 
 
 def test_loaded_topologies_compare_by_value() -> None:
@@ -271,6 +274,7 @@ def test_invalid_file_names_file_and_field(
     with pytest.raises(TopologyError) as info:
         load_topology(path)
     err = info.value
+    assert isinstance(err, ConfigError)
     assert isinstance(err, ValueError)
     assert (err.path, err.field) == (str(path), field)
     assert message in err.message

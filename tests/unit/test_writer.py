@@ -567,6 +567,13 @@ def _damaged(how: str) -> ShardSnapshot:
         keys = dict(snap.keys)
         keys[1] = keys[1][:-8]
         return replace(snap, keys=keys)
+    if how.startswith("flipped"):
+        part = dict(snap.keys if "key" in how else snap.views)
+        table = 1 if "key" in how else 2
+        damaged = bytearray(part[table])
+        damaged[len(damaged) // 2] ^= 0x10
+        part[table] = bytes(damaged)
+        return replace(snap, **{"keys" if "key" in how else "views": part})
     if how == "sequences":
         return replace(snap, meta=replace(snap.meta, worker_seq={"garbage": 1}))
     if how == "n_shards":
@@ -581,12 +588,14 @@ def _damaged(how: str) -> ShardSnapshot:
 @pytest.mark.parametrize(
     ("how", "named"),
     [
-        ("shard", "snapshot meta: shard is 2, expected 1"),
-        ("n_shards", "snapshot meta: n_shards is 4, expected 3"),
-        ("topology", "snapshot meta: topology_digest is '000"),
-        ("no owner", "snapshot meta: owner is '', expected 'kvc-mu/kvc:snap'"),
-        ("tables", "has tables [0]"),
-        ("keys", ""),
+        ("shard", "meta: shard is 2, expected 1"),
+        ("n_shards", "meta: n_shards is 4, expected 3"),
+        ("topology", "meta: topology_digest is '000"),
+        ("no owner", "meta: owner is '', expected 'kvc-mu/kvc:snap'"),
+        ("tables", "meta: records tables [0, 1, 2]"),
+        ("keys", "keys:1: "),
+        ("flipped key byte", "keys:1: "),
+        ("flipped view byte", "view:2: "),
         ("sequences", "'garbage'"),
     ],
 )

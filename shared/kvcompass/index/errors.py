@@ -1,16 +1,18 @@
-"""Errors raised by the discovery index."""
+"""Errors raised by the discovery index, rooted in :mod:`kvcompass.errors`."""
 
 from __future__ import annotations
 
-__all__ = ["GenerationMismatch", "KVCIndexError", "SnapshotError", "TableFull"]
+from kvcompass.errors import BadInput, InvariantBroken, KVCError
+
+__all__ = ["GenerationMismatch", "IndexCorrupt", "KVCIndexError", "SnapshotError", "TableFull"]
 
 
-class KVCIndexError(Exception):
-    """Root of the index's errors ."""
+class KVCIndexError(KVCError):
+    """Root of the index's errors."""
 
 
-class SnapshotError(KVCIndexError, ValueError):
-    """A snapshot or image is corrupt, truncated, or of another table shape."""
+class SnapshotError(KVCIndexError, BadInput):
+    """A snapshot or image is corrupt, truncated, or of another table, shard or layout."""
 
 
 class GenerationMismatch(KVCIndexError):
@@ -19,3 +21,11 @@ class GenerationMismatch(KVCIndexError):
 
 class TableFull(KVCIndexError):
     """No cuckoo path of the allowed length frees a cell (the caller grows the table)."""
+
+
+class IndexCorrupt(KVCIndexError, InvariantBroken):
+    """A write stopped halfway through a move: the table must never be persisted.
+
+    The table refuses every later write, patch and snapshot; its owner crashes and the
+    next one restores the last good snapshot.
+    """

@@ -1,9 +1,15 @@
-"""Binary image of a Ludo table: a fixed header followed by 64-byte-aligned arrays.
+"""Binary images of a Ludo table: a fixed header followed by 64-byte-aligned arrays.
 
 A view lives in one flat buffer (a ``bytearray`` here, a shared-memory segment at the
 edge), so a snapshot is that buffer's bytes and a restore is a copy plus a check. The
 header carries the geometry (so a view refuses a snapshot of another table shape or seed)
 and CRC32s of itself and of the payload (so a corrupt snapshot is refused, not served).
+
+A snapshot's key half is a second image (kind KEYS): the same header, naming the view
+image it belongs to by that image's payload CRC, then the full key of every cell. Every
+byte of both is checked: the header CRC covers the header fields, its padding must be
+zero, and the payload CRC covers the arrays (CRC32 catches every error burst up to 32
+bits, so every single flipped byte).
 """
 
 from __future__ import annotations
@@ -19,12 +25,24 @@ from numpy.typing import NDArray
 from kvcompass.index.errors import SnapshotError
 from kvcompass.index.geometry import TableGeometry
 
-__all__ = ["HEADER_SIZE", "ImageArrays", "ImageHeader", "ImageKind", "Layout", "layout_of"]
+__all__ = [
+    "HEADER_SIZE",
+    "ImageArrays",
+    "ImageHeader",
+    "ImageKind",
+    "ImageLayout",
+    "layout_of",
+    "open_image",
+    "open_key_image",
+    "seal",
+    "seal_keys",
+]
 
 _MAGIC = b"KVCLUDO\x01"
 _FORMAT_VERSION = 1
-# magic, version, kind, value_bits, fingerprint_bits, 10 × u64 geometry and count,
-# payload length, payload crc32, header crc32 (over everything before it).
+# magic, version, kind, value_bits, fingerprint_bits, 10 × u64 geometry and count, the
+# paired view's payload crc32 (key images; 0 in views), payload length, payload crc32,
+# header crc32 (over everything before it); zero padding up to HEADER_SIZE.
 _STRUCT = struct.Struct("<8sHHHH11QQII")
 HEADER_SIZE = 128
 _ALIGN = 64
@@ -32,7 +50,8 @@ _ALIGN = 64
 
 class ImageKind:
     VIEW = 1
-    MAINTENANCE = 2
+    # 2 was a view and keys in one image, a format nothing reads any more.
+    KEYS = 3
 
 
 def _align(n: int) -> int:
@@ -40,21 +59,21 @@ def _align(n: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class Layout:
-    """Byte offsets of every array inside an image of a given geometry."""
+class ImageLayout:
+    """Byte offsets of every array inside a view image of a given geometry."""
 
     seeds: int
     cells: int
     fingerprints: int
     words: int
-    keys: int
     view_end: int
-    maintenance_end: int
+    #: Length of the key image (header and one int64 key per cell).
+    keys_end: int
     cell_itemsize: int
     fingerprint_itemsize: int
 
 
-def layout_of(g: TableGeometry) -> Layout:
+def layout_of(g: TableGeometry) -> ImageLayout:
     cell_size = g.value_bits // 8
     fp_size = 0 if g.fingerprint_bits == 0 else (1 if g.fingerprint_bits <= 8 else 2)
     seeds = HEADER_SIZE
@@ -62,15 +81,13 @@ def layout_of(g: TableGeometry) -> Layout:
     fps = _align(cells + g.n_cells * cell_size)
     words = _align(fps + g.n_cells * fp_size)
     view_end = _align(words + g.n_words * 8)
-    keys = view_end
-    return Layout(
+    return ImageLayout(
         seeds=seeds,
         cells=cells,
         fingerprints=fps,
         words=words,
-        keys=keys,
         view_end=view_end,
-        maintenance_end=keys + g.n_cells * 8,
+        keys_end=HEADER_SIZE + g.n_cells * 8,
         cell_itemsize=cell_size,
         fingerprint_itemsize=fp_size,
     )
@@ -85,7 +102,7 @@ class ImageArrays(NamedTuple):
     words: NDArray[np.uint64]  # the Othello bits
 
     @classmethod
-    def of(cls, buf: Any, g: TableGeometry, layout: Layout) -> ImageArrays:
+    def of(cls, buf: Any, g: TableGeometry, layout: ImageLayout) -> ImageArrays:
         """The arrays of the image of geometry ``g`` held in ``buf`` (any buffer)."""
         cell_dtype = np.uint32 if layout.cell_itemsize == 4 else np.uint64
         fps = None
@@ -107,6 +124,8 @@ class ImageHeader:
     count: int
     payload_length: int
     payload_crc: int
+    #: Key images: the payload CRC of the view image they pair with (0 in views).
+    view_crc: int = 0
 
     def pack(self) -> bytes:
         g = self.geometry
@@ -126,7 +145,7 @@ class ImageHeader:
             g.othello_seed,
             g.slot_seed,
             g.fingerprint_seed,
-            0,  # reserved
+            self.view_crc,
             self.payload_length,
             self.payload_crc,
             0,
@@ -147,6 +166,8 @@ class ImageHeader:
             raise SnapshotError(f"unsupported image format version {fields[1]}")
         if zlib.crc32(raw[:-4]) != fields[-1]:
             raise SnapshotError("image header checksum mismatch (corrupt header)")
+        if any(data[_STRUCT.size : HEADER_SIZE]):
+            raise SnapshotError("image header padding is not zero (corrupt header)")
         (kind, value_bits, fp_bits) = fields[2:5]
         nb, ma, mb, capacity, generation, count = fields[5:11]
         bucket_seed, othello_seed, slot_seed, fp_seed = fields[11:15]
@@ -166,9 +187,9 @@ class ImageHeader:
             )
         except ValueError as exc:
             raise SnapshotError(f"image header describes an invalid table: {exc}") from exc
-        if kind not in (ImageKind.VIEW, ImageKind.MAINTENANCE):
+        if kind not in (ImageKind.VIEW, ImageKind.KEYS):
             raise SnapshotError(f"unknown image kind {kind}")
-        return cls(kind, geometry, count, fields[16], fields[17])
+        return cls(kind, geometry, count, fields[16], fields[17], fields[15])
 
 
 def seal(
@@ -182,18 +203,47 @@ def seal(
     return bytes(out)
 
 
+def seal_keys(view: ImageHeader, keys: NDArray[np.int64]) -> bytes:
+    """The key image of the view with header ``view``: one int64 key per cell (-1: empty)."""
+    payload = keys.tobytes()
+    header = ImageHeader(
+        ImageKind.KEYS,
+        view.geometry,
+        view.count,
+        len(payload),
+        zlib.crc32(payload),
+        view.payload_crc,
+    )
+    return header.pack() + payload
+
+
 def open_image(data: bytes | bytearray | memoryview, expect_kind: int) -> ImageHeader:
     """Verify an image's header, kind, length and payload checksum; return the header."""
     header = ImageHeader.unpack(data)
     if header.kind != expect_kind:
-        want = "view" if expect_kind == ImageKind.VIEW else "maintenance"
+        want = "view" if expect_kind == ImageKind.VIEW else "key"
         raise SnapshotError(f"image is not a {want} image (kind {header.kind})")
     layout = layout_of(header.geometry)
-    end = layout.view_end if header.kind == ImageKind.VIEW else layout.maintenance_end
+    end = layout.view_end if header.kind == ImageKind.VIEW else layout.keys_end
     if header.payload_length != end - HEADER_SIZE or len(data) != end:
         raise SnapshotError(
             f"image length {len(data)} does not match its geometry (expected {end} bytes)"
         )
     if zlib.crc32(memoryview(data)[HEADER_SIZE:end]) != header.payload_crc:
         raise SnapshotError("image payload checksum mismatch (corrupt or truncated snapshot)")
+    if header.kind == ImageKind.VIEW and header.view_crc != 0:
+        raise SnapshotError("view image names a paired view (only key images do)")
     return header
+
+
+def open_key_image(data: bytes | bytearray | memoryview, view: ImageHeader) -> NDArray[np.int64]:
+    """Verify the key image paired with the view of header ``view``; return its keys."""
+    header = open_image(data, ImageKind.KEYS)
+    if header.view_crc != view.payload_crc:
+        raise SnapshotError(
+            f"key image belongs to another view (view checksum {header.view_crc:#010x}, "
+            f"this view's is {view.payload_crc:#010x})"
+        )
+    if header.geometry != view.geometry or header.count != view.count:
+        raise SnapshotError("key image describes another table than its view")
+    return np.frombuffer(data, np.int64, view.geometry.n_cells, HEADER_SIZE)

@@ -158,6 +158,8 @@ def geometry_vector(g: TableGeometry) -> NDArray[np.uint64]:
 # -- hashing (bit-identical to kvcompass.hashing / TableGeometry) -------------------------
 
 
+# The compiled twin of kvcompass.hashing.mix64 (tests check they agree): numba compiles
+# uint64 arithmetic that wraps, while the Python one masks unbounded ints.
 @_compiled
 def _mix64(x: np.uint64) -> np.uint64:
     x ^= x >> _U33

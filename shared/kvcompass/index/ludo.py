@@ -18,9 +18,18 @@ from numpy.typing import NDArray
 
 from kvcompass.hashing import MASK64
 from kvcompass.index import kernel
-from kvcompass.index.errors import SnapshotError, TableFull
+from kvcompass.index.errors import IndexCorrupt, SnapshotError, TableFull
 from kvcompass.index.geometry import DEFAULT_LOAD_LIMIT, TableGeometry
-from kvcompass.index.image import ImageArrays, ImageKind, layout_of, open_image, seal
+from kvcompass.index.image import (
+    ImageArrays,
+    ImageHeader,
+    ImageKind,
+    layout_of,
+    open_image,
+    open_key_image,
+    seal,
+    seal_keys,
+)
 from kvcompass.index.kernel import MAX_CUCKOO_MOVES, TableArrays
 from kvcompass.index.othello import OthelloGraph
 from kvcompass.index.patches import BucketImages, OthelloReset, TablePatch, WordImages
@@ -38,7 +47,8 @@ class LudoTable:
 
     A value of 0 means "absent": writing 0 removes the key. Every mutating call
     records what it touched; :meth:`take_patch` returns the patch that brings a view to
-    the same state and clears the record.
+    the same state and clears the record. After an :class:`IndexCorrupt` the table
+    refuses every write, patch, image and snapshot part.
     """
 
     def __init__(
@@ -52,6 +62,8 @@ class LudoTable:
         self._load_limit = load_limit
         self._reset_storage(geometry)
         self._reload_pending = False
+        #: Why the table can no longer be trusted (None while it can).
+        self._corrupt: str | None = None
 
     @classmethod
     def with_capacity(
@@ -240,6 +252,7 @@ class LudoTable:
         self, keys: NDArray[np.uint64], clear: NDArray[np.uint64], bits: NDArray[np.uint64]
     ) -> None:
         """Run validated writes through the kernel, doing the whole-table steps it asks for."""
+        self._check_intact()
         i = 0
         while i < len(keys):
             status, i = kernel.apply_writes(
@@ -251,7 +264,16 @@ class LudoTable:
                 self._rebuild_othello()
                 i += 1
             elif status == kernel.NO_SEED:
-                raise TableFull("no bucket seed separates a bucket's keys; reload the table")
+                raise self._poison("no bucket seed separates a bucket's keys mid-move")
+
+    def _poison(self, reason: str) -> IndexCorrupt:
+        """Mark the table untrustworthy: nothing derived from it may leave the process."""
+        self._corrupt = reason
+        return IndexCorrupt(f"{reason}: reload the table from its last snapshot")
+
+    def _check_intact(self) -> None:
+        if self._corrupt is not None:
+            raise IndexCorrupt(f"table is corrupt ({self._corrupt}); reload it from a snapshot")
 
     # -- rebuilds ------------------------------------------------------------------
 
@@ -287,7 +309,10 @@ class LudoTable:
             generation=g.generation + 1,
             rng=self._rng,
         )
-        self._bulk_load(new, keys, values)
+        try:
+            self._bulk_load(new, keys, values)
+        except TableFull as exc:  # storage was already reset: the keys are gone
+            raise self._poison(f"growing lost the table: {exc}") from exc
 
     def _bulk_load(
         self, g: TableGeometry, keys: NDArray[np.uint64], values: NDArray[np.uint64]
@@ -368,6 +393,7 @@ class LudoTable:
 
     def take_patch(self) -> TablePatch:
         """The absolute-state patch for everything written since the last call."""
+        self._check_intact()
         g = self.geometry
         othello = self._othello
         if self._reload_pending:
@@ -411,38 +437,19 @@ class LudoTable:
 
     def view_image(self) -> bytes:
         """The keyless view of this table, as a sealed image."""
+        self._check_intact()
         self._sync_words()
         return seal(self._buf, ImageKind.VIEW, self.geometry, self.count, self._layout.view_end)
 
-    def snapshot(self) -> bytes:
-        """Everything needed to restore this table: view image plus full keys."""
-        self._sync_words()
-        buf = bytearray(self._buf)
-        buf.extend(self._t.keys.tobytes())
-        layout = self._layout
-        return seal(buf, ImageKind.MAINTENANCE, self.geometry, self.count, layout.maintenance_end)
-
     def snapshot_parts(self) -> tuple[bytes, bytes]:
-        """The sealed view image and the raw key array: the two halves of a snapshot.
+        """The sealed view image and the sealed key image: the two halves of a snapshot.
 
         Stored apart, an edge fetches only the view half; a maintenance unit needs both.
+        The key half names its view half by checksum, so halves of two snapshots never
+        restore together.
         """
-        return self.view_image(), self._t.keys.tobytes()
-
-    @classmethod
-    def restore(
-        cls,
-        data: bytes | bytearray | memoryview,
-        *,
-        load_limit: float = DEFAULT_LOAD_LIMIT,
-        rng: random.Random | None = None,
-    ) -> LudoTable:
-        """Rebuild a table from :meth:`snapshot` bytes; refuse corrupt or foreign data."""
-        header = open_image(data, ImageKind.MAINTENANCE)
-        layout = layout_of(header.geometry)
-        keys = np.frombuffer(data, np.int64, header.geometry.n_cells, layout.keys)
-        view = memoryview(data)[: layout.view_end]
-        return cls._restore(header.geometry, header.count, view, keys, load_limit, rng)
+        view = self.view_image()
+        return view, seal_keys(ImageHeader.unpack(view), self._t.keys)
 
     @classmethod
     def from_parts(
@@ -455,13 +462,10 @@ class LudoTable:
     ) -> LudoTable:
         """Rebuild a table from :meth:`snapshot_parts`; refuse corrupt or mismatched halves."""
         header = open_image(view_image, ImageKind.VIEW)
-        g = header.geometry
-        if len(keys) != 8 * g.n_cells:
-            raise SnapshotError(
-                f"key array has {len(keys)} bytes, the view's geometry needs {8 * g.n_cells}"
-            )
-        key_arr = np.frombuffer(keys, np.int64)
-        return cls._restore(g, header.count, memoryview(view_image), key_arr, load_limit, rng)
+        key_arr = open_key_image(keys, header)
+        return cls._restore(
+            header.geometry, header.count, memoryview(view_image), key_arr, load_limit, rng
+        )
 
     @classmethod
     def _restore(
@@ -479,6 +483,10 @@ class LudoTable:
         occ = np.flatnonzero(keys >= 0)
         if len(occ) != count:
             raise SnapshotError(f"snapshot holds {len(occ)} keys but its header says {count}")
+        if np.any(keys < _EMPTY):
+            raise SnapshotError("snapshot holds a negative key")
+        if len(np.unique(keys[occ])) != len(occ):
+            raise SnapshotError("snapshot holds a key twice")
         t = table._t
         t.keys[:] = keys
         t.alt[:] = _alt_array(g, keys)
@@ -505,6 +513,16 @@ class LudoTable:
             raise SnapshotError("snapshot locator bits do not match its keys")
         table._othello.set_words(stored)
         t.kid[occ] = kids
+        # The view must answer for exactly these keys: a value in every occupied cell,
+        # none elsewhere, and each key's fingerprint.
+        empty = np.ones(g.n_cells, dtype=bool)
+        empty[occ] = False
+        if np.any(t.cells[empty] != 0) or np.any(t.cells[occ] == 0):
+            raise SnapshotError("snapshot view values do not match its keys")
+        if g.fingerprint_bits and np.any(
+            t.fps[occ] != g.fingerprints_array(keys[occ].astype(np.uint64))
+        ):
+            raise SnapshotError("snapshot view fingerprints do not match its keys")
         return table
 
 

@@ -14,10 +14,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvcompass.errors import BadInput
+from kvcompass.index.errors import SnapshotError
 from kvcompass.index.layout import IndexLayout, Tier
 from kvcompass.index.ludo import LudoTable
 from kvcompass.index.patches import TablePatch
 from kvcompass.keys import shard_of_array
+from kvcompass.snapshot import ShardSnapshot
 
 __all__ = ["ShardTables"]
 
@@ -145,7 +147,10 @@ class ShardTables:
         return {table_id: t.view_image() for table_id, t in self._tables.items()}
 
     def snapshot_parts(self) -> tuple[dict[int, bytes], dict[int, bytes]]:
-        """Per table id, the sealed view half and the sealed key half."""
+        """Per table id, the sealed view half and the sealed key half.
+
+        Raises IndexCorrupt, producing nothing, when a write broke any of the tables.
+        """
         views: dict[int, bytes] = {}
         keys: dict[int, bytes] = {}
         for table_id, table in self._tables.items():
@@ -153,25 +158,43 @@ class ShardTables:
         return views, keys
 
     @classmethod
-    def from_parts(
+    def restore(
         cls,
+        snapshot: ShardSnapshot,
         layout: IndexLayout,
         shard: int,
         n_shards: int,
-        views: Mapping[int, bytes],
-        keys: Mapping[int, bytes],
         *,
         rng: random.Random | None = None,
     ) -> ShardTables:
-        """Rebuild from :meth:`snapshot_parts`; refuses a table set of another layout."""
+        """Rebuild shard ``shard`` from its snapshot.
+
+        Refuses, with a :class:`SnapshotError` naming the part, a snapshot that is
+        corrupt or of another shard, shard count or layout.
+        """
+        snapshot.verify(shard=shard, n_shards=n_shards, topology_digest=layout.digest())
+        if not snapshot.keys:
+            raise SnapshotError("keys: the snapshot was loaded without its key halves")
         want = {spec.table_id for spec in layout.tables}
-        if set(views) != want or set(keys) != want:
-            raise BadInput(
-                f"snapshot of shard {shard} has tables {sorted(views)} / {sorted(keys)}, "
-                f"the layout has {sorted(want)}"
+        if set(snapshot.views) != want:
+            raise SnapshotError(
+                f"meta: tables {sorted(snapshot.views)}, the layout has {sorted(want)}"
             )
         rng = rng or random.Random()
-        tables = {t: LudoTable.from_parts(views[t], keys[t], rng=rng) for t in sorted(want)}
+        tables = {}
+        for spec in layout.tables:
+            t = spec.table_id
+            try:
+                table = LudoTable.from_parts(snapshot.views[t], snapshot.keys[t], rng=rng)
+            except SnapshotError as exc:
+                raise SnapshotError(f"keys:{t}: {exc}") from exc
+            g = table.geometry
+            if (g.value_bits, g.fingerprint_bits) != (spec.value_bits, layout.fingerprint_bits):
+                raise SnapshotError(
+                    f"view:{t}: {g.value_bits}-bit values and {g.fingerprint_bits}-bit "
+                    f"fingerprints, the layout has {spec.value_bits} and {layout.fingerprint_bits}"
+                )
+            tables[t] = table
         return cls(layout, shard, n_shards, tables=tables)
 
 

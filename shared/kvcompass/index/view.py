@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from kvcompass.hashing import GOLDEN64, MASK32, MASK64, mix64_array
+from kvcompass.hashing import GOLDEN64, MASK32, MASK64, mix64, mix64_array
 from kvcompass.index.errors import GenerationMismatch, SnapshotError
 from kvcompass.index.geometry import TableGeometry
 from kvcompass.index.image import (
@@ -179,18 +179,8 @@ class LudoView:
     def lookup(self, key: int) -> int:
         """The value stored for ``key`` (0: no holder, or a fingerprint mismatch)."""
         bseed, oseed, sseed, nb, ma, mb, fseed, fshift = self._scalar
-        x = key ^ bseed
-        x ^= x >> 33
-        x = (x * 0xFF51AFD7ED558CCD) & MASK64
-        x ^= x >> 33
-        x = (x * 0xC4CEB9FE1A85EC53) & MASK64
-        hb = x ^ (x >> 33)
-        x = key ^ oseed
-        x ^= x >> 33
-        x = (x * 0xFF51AFD7ED558CCD) & MASK64
-        x ^= x >> 33
-        x = (x * 0xC4CEB9FE1A85EC53) & MASK64
-        x ^= x >> 33
+        hb = mix64(key ^ bseed)
+        x = mix64(key ^ oseed)
         ia = ((x & MASK32) * ma) >> 32
         ib = ma + (((x >> 32) * mb) >> 32)
         words = self._mv_words
@@ -199,24 +189,12 @@ class LudoView:
         else:
             b = ((hb & MASK32) * nb) >> 32
         seed = self._mv_seeds[b]
-        x = key ^ sseed ^ (((seed >> 5) * GOLDEN64) & MASK64)
-        x ^= x >> 33
-        x = (x * 0xFF51AFD7ED558CCD) & MASK64
-        x ^= x >> 33
-        x = (x * 0xC4CEB9FE1A85EC53) & MASK64
-        x ^= x >> 33
+        x = mix64(key ^ sseed ^ (((seed >> 5) * GOLDEN64) & MASK64))
         pos = (b << 2) | ((x >> ((seed & 31) << 1)) & 3)
         value: int = self._mv_cells[pos]
         fps = self._mv_fps
-        if fps is not None and value:
-            x = key ^ fseed
-            x ^= x >> 33
-            x = (x * 0xFF51AFD7ED558CCD) & MASK64
-            x ^= x >> 33
-            x = (x * 0xC4CEB9FE1A85EC53) & MASK64
-            x ^= x >> 33
-            if fps[pos] != x >> fshift:
-                return 0
+        if fps is not None and value and fps[pos] != mix64(key ^ fseed) >> fshift:
+            return 0
         return value
 
     def lookup_batch(self, keys: NDArray[np.uint64]) -> NDArray[Any]:

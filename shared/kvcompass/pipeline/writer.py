@@ -182,8 +182,8 @@ class ShardWriter:
         """Load the snapshot's state, or raise what is wrong with it (nothing kept)."""
         meta = snapshot.meta
         self.check_meta(meta)
-        tables = ShardTables.from_parts(
-            self.layout, self.shard, self.n_shards, snapshot.views, snapshot.keys, rng=self._rng
+        tables = ShardTables.restore(
+            snapshot, self.layout, self.shard, self.n_shards, rng=self._rng
         )
         sequences = WorkerSequences.from_map(meta.worker_seq, self._max_seq_jump)
         self.tables, self.sequences = tables, sequences
@@ -203,7 +203,7 @@ class ShardWriter:
             ("shard", "n_shards", "topology_digest", "owner"), expected, found, strict=True
         ):
             if want != got:
-                raise SnapshotError(f"snapshot meta: {name} is {got!r}, expected {want!r}")
+                raise SnapshotError(f"meta: {name} is {got!r}, expected {want!r}")
 
     # -- events ----------------------------------------------------------------------
 
