@@ -2,20 +2,25 @@
 processes), for the integration and chaos tests and ``bench/pipeline.py``; not used by
 any service. Every instance gets its own
 topic names, consumer group, Redis snapshot prefix and shared-memory prefix, so several
-can share one broker and one Redis.
+can share one broker and one Redis. It sees the services' state as data (their
+``/healthz``, ``/readyz`` and ``/metrics`` on a port it picks), never in their logs.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -50,6 +55,14 @@ def poll_until(
         if time.monotonic() > deadline:
             raise PollTimeout(f"{message} not met within {timeout:g} s (last: {value!r})")
         time.sleep(interval)
+
+
+def _free_port() -> int:
+    """A loopback port that was free a moment ago (a clash fails the start loudly)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 class LocalCluster:
@@ -91,6 +104,7 @@ class LocalCluster:
         self.snapshot_prefix = f"kvc:{self.tag}:snap"
         self.store = SnapshotStore(redis.Redis.from_url(redis_url), self.snapshot_prefix)
         self.processes: list[subprocess.Popen[bytes]] = []
+        self.status_ports: dict[str, int] = {}
         self.last_event_offset: dict[int, int] = {}
         self.producer = Producer(
             {
@@ -123,51 +137,88 @@ class LocalCluster:
         env.update(extra)
         return env
 
-    def start(
-        self, module: str, name: str, ready_text: str, **extra: str
-    ) -> subprocess.Popen[bytes]:
+    def start(self, module: str, name: str, **extra: str) -> subprocess.Popen[bytes]:
+        """Start ``python -m kvcompass.services.<module>`` and return once its status
+        endpoint (on a free port, as KVC_METRICS_PORT) reports the ``running`` phase."""
+        port = int(extra.pop("KVC_METRICS_PORT", 0)) or _free_port()
         with open(self.log_dir / f"{name}.log", "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", f"kvcompass.services.{module}"],
-                env=self.env(**extra),
+                env=self.env(KVC_METRICS_PORT=str(port), **extra),
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
         self.processes.append(proc)
-        self.wait_log(name, ready_text, proc)
+        self.status_ports[name] = port
+
+        def running() -> bool:
+            if proc.poll() is not None:
+                log_text = (self.log_dir / f"{name}.log").read_text()[-3000:]
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{log_text}")
+            return self.health(name).get("phase") == "running"
+
+        poll_until(running, 60, f"{name} running (/healthz)")
         return proc
 
     def start_mu(self, name: str = "mu", **extra: str) -> subprocess.Popen[bytes]:
-        """A maintenance unit, once it handles signals and consumes."""
-        return self.start("maintenance", name, "mu_started", **extra)
+        """A maintenance unit, once it handles signals and runs."""
+        return self.start("maintenance", name, **extra)
 
     def start_edge(self, name: str = "edge", **extra: str) -> subprocess.Popen[bytes]:
-        return self.start("edge", name, "edge_started", **extra)
+        return self.start("edge", name, **extra)
 
-    def wait_log(self, name: str, text: str, proc: subprocess.Popen[bytes]) -> None:
-        path = self.log_dir / f"{name}.log"
+    # -- status, as data: the services' /healthz, /readyz and /metrics -------------------
 
-        def logged() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited early:\n{path.read_text()[-3000:]}")
-            return text in path.read_text()
+    def health(self, name: str) -> dict[str, Any]:
+        """``/healthz`` of the named service; {} while it does not answer."""
+        return self._status(name, "/healthz")[1]
 
-        poll_until(logged, 60, f"{text!r} in {name}.log")
+    def readiness(self, name: str) -> tuple[bool, dict[str, Any]]:
+        """(ready, body) of ``/readyz``; (False, {}) while it does not answer."""
+        code, body = self._status(name, "/readyz")
+        return code == 200, body
+
+    def wait_ready(self, name: str, timeout: float = 60.0) -> None:
+        poll_until(lambda: self.readiness(name)[0], timeout, f"{name} ready (/readyz)")
+
+    def metric(self, name: str, metric: str) -> float | None:
+        """The value of an unlabelled sample of the named service's ``/metrics``."""
+        try:
+            with urllib.request.urlopen(self._url(name, "/metrics"), timeout=2) as reply:
+                text = reply.read().decode()
+        except OSError:
+            return None
+        for line in text.splitlines():
+            sample, _, value = line.partition(" ")
+            if sample == metric:
+                return float(value)
+        return None
 
     def wait_assigned(self, *names: str, timeout: float = 60.0) -> None:
-        """Until the named MUs together own every shard, each at least one.
+        """Until the named MUs together own every shard, each at least one (their
+        ``kvc_mu_owned_shards`` gauges, set once a shard is restored and announced).
 
         Stopping a member whose group join is still pending can stall the group for
         about a minute on this broker (research/infra.md).
         """
 
         def assigned() -> bool:
-            counts = [
-                (self.log_dir / f"{n}.log").read_text().count('"shard_assigned"') for n in names
-            ]
-            return all(counts) and sum(counts) >= self.shards
+            owned = [self.metric(n, "kvc_mu_owned_shards") or 0 for n in names]
+            return all(owned) and sum(owned) >= self.shards
 
         poll_until(assigned, timeout, f"shards assigned to {names}")
+
+    def _url(self, name: str, path: str) -> str:
+        return f"http://127.0.0.1:{self.status_ports[name]}{path}"
+
+    def _status(self, name: str, path: str) -> tuple[int, dict[str, Any]]:
+        try:
+            with urllib.request.urlopen(self._url(name, path), timeout=2) as reply:
+                return reply.status, json.loads(reply.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+        except OSError:
+            return 0, {}
 
     def stop(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> int:
         proc.send_signal(sig)

@@ -1,10 +1,11 @@
 """Kafka client settings shared by the services, tuned for this broker and workload, and
 the bridge from librdkafka's callbacks to structured logs and readiness.
 
-Every client a service opens takes ``**watch.client_config()`` of one
-:class:`BrokerWatch`: librdkafka's own log lines then arrive as structlog events
-(``librdkafka``, with ``facility`` / ``client`` / ``text``) instead of raw ``%3|...``
-lines on stderr, and its error callbacks turn into the ``broker`` readiness condition.
+Clients built from :func:`consumer_config` / :func:`producer_config` log through
+:class:`KafkaLog`: librdkafka's own lines arrive as structlog events (``librdkafka``,
+with ``facility`` / ``client`` / ``text``) instead of raw ``%3|...`` lines on stderr.
+Passing ``**watch.client_config()`` of a :class:`BrokerWatch` as well turns the client's
+error callbacks into the ``broker`` readiness condition.
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ def consumer_config(
     """
     return {
         "bootstrap.servers": bootstrap,
+        "logger": KafkaLog(),
         "group.id": group_id,
         "enable.auto.commit": False,
         "fetch.wait.max.ms": fetch_wait_ms,
@@ -122,6 +124,7 @@ def producer_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
     """An idempotent producer: retries never duplicate or reorder a partition's records."""
     return {
         "bootstrap.servers": bootstrap,
+        "logger": KafkaLog(),
         "enable.idempotence": True,
         "linger.ms": 1,
         "message.max.bytes": MAX_MESSAGE_BYTES,

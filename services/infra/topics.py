@@ -9,7 +9,6 @@ shards), so an existing topic with another count is an error, not something to f
 from __future__ import annotations
 
 import concurrent.futures
-import logging
 import time
 import traceback
 from collections.abc import Mapping, Sequence
@@ -24,6 +23,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # documented,
 )
 
 from kvcompass.services.infra.errors import TopicError, TopicPartitionMismatch
+from kvcompass.services.kafka import KafkaLog
 from kvcompass.settings import ClusterSettings
 
 __all__ = [
@@ -89,11 +89,8 @@ def create_topics(
     timeout: float = 10.0,
 ) -> dict[str, int]:
     """Create ``specs`` (an existing topic is fine) and check every partition count."""
-    # librdkafka's log lines go to a stdlib logger (the stubs only know str/int/float values).
-    config: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
-        "logger": logging.getLogger("kvcompass.kafka.admin"),
-    }
+    # librdkafka's log lines become structlog events (the stubs only know str/int/float).
+    config: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": KafkaLog()}
     admin = AdminClient(config)
     try:
         created, existing, counts = _create(admin, bootstrap, specs, replication_factor, timeout)

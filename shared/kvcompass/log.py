@@ -3,7 +3,7 @@
 Call :func:`configure` once from a service's entry point (never at import). Library code
 only does ``log = structlog.get_logger(__name__)`` and logs snake_case events with
 key/value fields; loops bind the shard or partition they work on (``log.bind(shard=3)``).
-Standard-library loggers (aiokafka, redis) go through the same processors and renderer,
+Standard-library loggers (redis, ...) go through the same processors and renderer,
 and every line, from either source, names the service and the process id, so lines of
 several services merged into one stream stay attributable.
 """

@@ -5,14 +5,19 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import structlog
+from confluent_kafka import KafkaError
 
+from kvcompass.errors import ConfigError
 from kvcompass.log import configure
+from kvcompass.services.health import Health
 from kvcompass.services.infra import InfraSettings
+from kvcompass.services.kafka import BrokerWatch, KafkaLog
 from kvcompass.settings import SettingsError
 
 
@@ -54,6 +59,18 @@ def test_bad_values_name_the_variable(
     monkeypatch.setenv(var, value)
     with pytest.raises(SettingsError, match=message.replace("(", r"\(")):
         InfraSettings.from_env()
+
+
+def test_settings_errors_are_config_errors_and_run_dir_is_absolute(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert issubclass(SettingsError, ConfigError)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KVC_RUN_DIR", "run/x")
+    settings = InfraSettings.from_env()
+    monkeypatch.chdir("/")
+    assert settings.run_dir == tmp_path / "run" / "x"  # resolved once, at start
+    assert settings.state_file == tmp_path / "run" / "x" / "state.json"
 
 
 def test_unknown_override_is_rejected() -> None:
@@ -103,3 +120,59 @@ def test_configure_writes_json_lines_for_structlog_and_stdlib() -> None:
     assert lines[1]["exception"][0]["exc_type"] == "ValueError"
     assert "locals" not in lines[1]["exception"][0]["frames"][0]
     assert lines[2]["logger"] == "kvcompass.kafka.admin"
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_every_line_names_the_service_and_pid() -> None:
+    out = io.StringIO()
+    configure("info", json=True, service="edge", stream=out)
+    structlog.get_logger("t").bind(shard=3).info("shard_loaded")
+    logging.getLogger("redis").warning("reconnecting")
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(r["service"], r["pid"]) for r in lines] == [("edge", os.getpid())] * 2
+    assert lines[0]["shard"] == 3
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_librdkafka_lines_become_structured_events() -> None:
+    out = io.StringIO()
+    configure("info", json=True, service="mu", stream=out)
+    kafka_log = KafkaLog()
+    kafka_log.log(logging.WARNING, "%s [%s] %s", "REQTMOUT", "rdkafka#consumer-1", "timed out")
+    # A refused connection repeats on every reconnect; BrokerWatch reports it once.
+    kafka_log.log(logging.ERROR, "%s [%s] %s", "FAIL", "rdkafka#consumer-1", "refused")
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert lines == [
+        {
+            "event": "librdkafka",
+            "facility": "REQTMOUT",
+            "client": "rdkafka#consumer-1",
+            "text": "timed out",
+            "service": "mu",
+            "pid": os.getpid(),
+            "level": "warning",
+            "timestamp": lines[0]["timestamp"],
+        }
+    ]
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_broker_watch_sets_the_condition_and_logs_each_change_once() -> None:
+    out = io.StringIO()
+    configure("info", json=True, service="mu", stream=out)
+    health = Health()
+    watch = BrokerWatch(health)
+    assert set(watch.client_config()) == {"error_cb", "logger"}
+    watch.ok()
+    assert health.ready()
+    for _ in range(3):
+        watch.on_error(KafkaError(KafkaError._TRANSPORT, "connect refused"))
+        watch.on_error(KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"))
+    assert not health.ready()
+    assert health.report()["broker"].detail == "_ALL_BROKERS_DOWN: 1/1 brokers are down"
+    watch.on_error(KafkaError(KafkaError._MSG_TIMED_OUT, "delivery timed out"))
+    watch.ok()
+    watch.ok()
+    assert health.ready()
+    events = [json.loads(line)["event"] for line in out.getvalue().splitlines()]
+    assert events == ["broker_reachable", "broker_unreachable", "kafka_error", "broker_reachable"]
