@@ -28,7 +28,7 @@ import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from kvcompass.errors import BadInput, ConfigError, Transient
+from kvcompass.errors import ConfigError, Transient
 from kvcompass.index.errors import GenerationMismatch, SnapshotError
 from kvcompass.index.layout import IndexLayout
 from kvcompass.index.patches import TablePatch
@@ -41,7 +41,7 @@ from kvcompass.services.kafka import KafkaLog, consume_ready, consumer_config
 from kvcompass.services.snapstore import SnapshotStore
 from kvcompass.settings import redact_url
 from kvcompass.shm import SharedIndexWriter
-from kvcompass.snapshot import ShardSnapshot, SnapshotMeta
+from kvcompass.snapshot import SnapshotMeta
 from kvcompass.topology import Topology
 from kvcompass.wire import PatchBatch, TableReload, WireError, decode
 
@@ -103,6 +103,7 @@ class EdgeReplayer:
     ) -> None:
         self.settings = settings
         self.layout = IndexLayout.from_topology(topology)
+        self._digest = self.layout.digest()
         self.health = health
         self.metrics = EdgeMetrics(registry)
         self._clock = clock or SystemClock()
@@ -139,6 +140,7 @@ class EdgeReplayer:
             self._stack = stack.pop_all()
         self._set_health("broker", True)
         self._set_health("redis", True)
+        self._report()  # not ready until every shard is loaded and the stream drained
         return self
 
     def __exit__(
@@ -224,6 +226,7 @@ class EdgeReplayer:
                 continue
             self._load_missing()
             if not self._assigned:
+                self._report()
                 stop.wait(s.bootstrap_retry_s)
                 continue
             messages = poll()
@@ -280,21 +283,20 @@ class EdgeReplayer:
         """Load the shard's current snapshot into fresh segments; False if there is no
         usable one (none yet, corrupt, or Redis down): the shard stays not ready."""
         shard_log = self._logs[shard]
-        snapshot = self._redis_call(lambda: self._store.load(shard, with_keys=False))
-        if snapshot is None:
-            return False
         try:
-            self._verify(shard, snapshot)
-            for table, image in sorted(snapshot.views.items()):
-                self.writer.load_table(shard, table, image)
-        except (SnapshotError, BadInput) as exc:
-            # A table may already hold the refused snapshot's image: not ready until a
-            # good snapshot replaced every table.
-            self.followers[shard].unload()
-            self._mark_not_ready(shard)
+            snapshot = self._redis_call(partial(self._store.load, shard, with_keys=False))
+            if snapshot is None:
+                return False
+            snapshot.verify(
+                shard=shard, n_shards=self.settings.shards, topology_digest=self._digest
+            )
+        except SnapshotError as exc:
+            # Nothing was loaded: the shard keeps its old view, not ready, and retries.
             self.metrics.refused.labels(str(shard)).inc()
             shard_log.error("snapshot_refused", error=str(exc))
             return False
+        for table, image in sorted(snapshot.views.items()):
+            self.writer.load_table(shard, table, image)
         meta = snapshot.meta
         self.followers[shard].loaded(meta)
         self.writer.set_position(shard, meta.next_seq - 1, meta.epoch)
@@ -307,18 +309,6 @@ class EdgeReplayer:
             patches_offset=meta.patches_offset,
         )
         return True
-
-    def _verify(self, shard: int, snapshot: ShardSnapshot) -> None:
-        # MERGE(snap): ShardSnapshot.verify lands with the snap part; call it directly then.
-        verify: Callable[..., None] | None = getattr(snapshot, "verify", None)
-        if verify is not None:
-            verify(
-                shard=shard,
-                n_shards=self.settings.shards,
-                topology_digest=self.layout.digest(),
-            )
-        elif snapshot.meta.shard != shard:
-            raise SnapshotError(f"meta: snapshot is for shard {snapshot.meta.shard}")
 
     def _mark_not_ready(self, shard: int) -> None:
         seq, epoch, _ = self.writer.position(shard)
@@ -359,7 +349,11 @@ class EdgeReplayer:
         for shard, follower in enumerate(self.followers):
             if not follower.is_loaded:
                 continue
-            meta = self._redis_call(partial(self._current_meta, shard))
+            try:
+                meta = self._redis_call(partial(self._current_meta, shard))
+            except SnapshotError as exc:  # superseded while read, or corrupt: next round
+                self._logs[shard].warning("snapshot_unreadable", error=str(exc))
+                continue
             if meta is None:
                 continue
             check = follower.compare(meta)
@@ -377,7 +371,8 @@ class EdgeReplayer:
     # -- Redis -------------------------------------------------------------------------
 
     def _redis_call(self, call: Callable[[], T | None]) -> T | None:
-        """``call()``, or None while Redis is unreachable (then retried with backoff)."""
+        """``call()``, or None while Redis is unreachable (then retried with backoff);
+        a failure other than Redis's (a corrupt snapshot) propagates."""
         now = self._clock.monotonic()
         if not self._redis_backoff.due(now):
             return None
@@ -386,10 +381,6 @@ class EdgeReplayer:
         except _REDIS_ERRORS as exc:
             self._redis_backoff.failed(now)
             self._set_health("redis", False, str(exc))
-            return None
-        except SnapshotError as exc:
-            # A snapshot superseded or deleted while it was read: try again later.
-            log.warning("snapshot_unreadable", error=str(exc))
             return None
         self._redis_backoff.succeeded()
         self._set_health("redis", True)
@@ -493,7 +484,10 @@ class EdgeReplayer:
                 patches[entry.table_id] = entry.patch
                 continue
             load = partial(self._store.load_view, entry.patch.snapshot_key, entry.table_id)
-            image = self._redis_call(load)
+            try:
+                image = self._redis_call(load)
+            except SnapshotError:
+                image = None  # superseded twice already: the current snapshot has it
             if image is None:
                 why = f"table {entry.table_id}: reload image unavailable"
                 self._resync(shard, "reload", why, rewound)

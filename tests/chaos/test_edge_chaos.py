@@ -15,6 +15,7 @@ from subprocess import Popen
 
 import numpy as np
 import pytest
+import redis
 from structlog.testing import capture_logs
 
 from kvcompass.index.image import HEADER_SIZE
@@ -233,3 +234,36 @@ def test_broker_killed_and_restarted_the_edge_goes_not_ready_then_recovers_or_ex
         restarted.terminate()
         restarted.wait(10)
         reader.close()
+
+
+def test_a_corrupt_snapshot_is_refused_naming_the_part_and_retried(cluster: Cluster) -> None:
+    rng = np.random.default_rng(26)
+    mu = cluster.start_mu()
+    cluster.random_traffic(rng, 150, prompts(rng, 100))
+    _finish_without_edge(cluster, mu)
+    client = redis.Redis.from_url(cluster.redis_url)
+    name = f"{cluster.store.current(1)}:view:0"
+    good = client.get(name)
+    assert good is not None
+    client.set(name, good[:200] + bytes([good[200] ^ 1]) + good[201:])  # one flipped bit
+    with capture_logs() as logs:
+        edge = ThreadedEdge(cluster, KVC_BOOTSTRAP_RETRY_S="0.05").start()
+        poll_until(lambda: edge.metric("kvc_edge_snapshots_refused_total") >= 3, 30, "refusals")
+        assert not edge.health.report()["shards_loaded"].ok
+        reader = SharedIndexReader(cluster.shm_prefix)
+        assert not reader.position(1)[2]
+        client.set(name, good)
+        poll_until(reader.ready, 30, "the repaired snapshot loaded")
+        _assert_reader_holds_snapshots(cluster, reader)
+        reader.close()
+        edge.stop()
+    refusals = [e for e in logs if e["event"] == "snapshot_refused"]
+    assert refusals
+    assert all(e["shard"] == 1 and e["error"].startswith("view:0") for e in refusals), refusals
+    client.close()
+
+
+def _finish_without_edge(cluster: Cluster, mu: Popen[bytes]) -> None:
+    cluster.wait_mu_caught_up()
+    assert cluster.stop(mu) == 0
+    cluster.snapshot_positions()
