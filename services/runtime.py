@@ -144,6 +144,7 @@ def run_service(spec: ServiceSpec[Any], argv: Sequence[str] | None = None) -> in
     # Until the settings are read, log with the defaults: a settings error is logged too.
     kvc_log.configure(json=not sys.stderr.isatty(), service=spec.name)
     shell = _Shell(spec)
+    threading.excepthook = shell.thread_failed
     try:
         shell.run()
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one line + a status
@@ -208,6 +209,14 @@ class _Shell:
                 self.health.set("running", True)
                 self.log.info("running")
             service.run(stop)
+
+    def thread_failed(self, args: threading.ExceptHookArgs) -> None:
+        """An exception that ended a thread: one log line, not a traceback on stderr."""
+        thread = args.thread.name if args.thread is not None else None
+        self.log.error(
+            "thread_failed", thread=thread, error=str(args.exc_value),
+            exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+        )  # fmt: skip
 
     def draining(self) -> None:
         self.phase = "draining"

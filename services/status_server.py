@@ -17,11 +17,22 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Self
 
+import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from kvcompass.services.health import Health
 
 __all__ = ["StatusServer"]
+
+_log = structlog.get_logger("kvcompass.status")
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A failed request (a probe that hung up): one log line, not a traceback."""
+        _log.warning("status_request_failed", client=str(client_address), exc_info=True)
 
 
 class StatusServer:
@@ -74,8 +85,7 @@ class StatusServer:
             def log_message(self, format: str, *args: Any) -> None:
                 """Probes every few seconds are not worth a log line each."""
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
+        self._server = _Server((host, port), Handler)
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="status-http", daemon=True
         )

@@ -2,7 +2,8 @@
 
 ``TOY_BEHAVIOUR`` picks what it does: ``drain`` (stop when asked), ``hang`` (ignore
 stop), ``invariant`` / ``transient`` (raise from run), ``refuse`` (raise a ConfigError
-on enter). Its start checks need the broker and Redis but no topic.
+on enter), ``thread_error`` (a thread of its own fails, then it drains). Its start
+checks need the broker and Redis but no topic.
 """
 
 from __future__ import annotations
@@ -37,7 +38,14 @@ class Toy:
             raise Transient("KVC_REDIS_URL='redis://x': unreachable for 30 s")
         if self.behaviour == "hang":
             threading.Event().wait()
+        if self.behaviour == "thread_error":
+            worker = threading.Thread(target=self.fail, name="worker")
+            worker.start()
+            worker.join()
         stop.wait()
+
+    def fail(self) -> None:
+        raise RuntimeError("worker thread failed")
 
 
 @contextmanager

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from kvcompass.loadgen.testing import poll_until
+from kvcompass.loadgen.testing import PollTimeout, poll_until
 from kvcompass.services.infra import RunningInfra
 
 pytestmark = pytest.mark.integration
@@ -132,11 +132,16 @@ def test_not_ready_while_draining_with_the_reason(
     toy.wait_running()
     toy.signal(signal.SIGTERM)
 
-    def draining() -> dict[str, Any] | None:
-        status, body = get(toy.port, "/readyz")
-        return body if status == 503 else None
+    seen: list[tuple[int, dict[str, Any]]] = []
 
-    body = poll_until(draining, 10, "/readyz 503 while draining")
+    def draining() -> dict[str, Any] | None:
+        seen.append(get(toy.port, "/readyz"))
+        return seen[-1][1] if seen[-1][0] == 503 else None
+
+    try:
+        body = poll_until(draining, 30, "/readyz 503 while draining")
+    except PollTimeout as exc:
+        pytest.fail(f"{exc}; last replies: {seen[-3:]}")
     assert body["failing"] == {"running": "draining"}
     assert get(toy.port, "/healthz")[1]["phase"] == "draining"
 
@@ -156,7 +161,7 @@ def test_second_signal_exits_at_once(toys: list[Toy], infra: RunningInfra, tmp_p
     toy = start(toys, infra, tmp_path, "hang", KVC_DRAIN_TIMEOUT_S="60")
     toy.wait_running()
     toy.signal(signal.SIGTERM)
-    poll_until(lambda: get(toy.port, "/healthz")[1].get("phase") == "draining", 10, "draining")
+    poll_until(lambda: get(toy.port, "/healthz")[1].get("phase") == "draining", 30, "draining")
     t0 = time.monotonic()
     toy.signal(signal.SIGINT)
     assert toy.wait() == -signal.SIGINT  # killed by it: 130 in a shell
@@ -192,3 +197,21 @@ def test_fatal_error_is_one_json_line_and_its_exit_status(
         assert fatal[0]["exception"][0]["exc_type"] == error_type
     else:
         assert "exception" not in fatal[0]
+
+
+def test_a_failed_thread_is_one_json_line(
+    toys: list[Toy], infra: RunningInfra, tmp_path: Path
+) -> None:
+    toy = start(toys, infra, tmp_path, "thread_error")
+    toy.wait_running()
+    poll_until(
+        lambda: any(line["event"] == "thread_failed" for line in toy.lines()),
+        30,
+        "thread_failed logged",
+    )
+    toy.signal(signal.SIGTERM)
+    assert toy.wait() == 0
+    failed = [line for line in toy.lines() if line["event"] == "thread_failed"]
+    assert len(failed) == 1
+    assert failed[0]["thread"] == "worker"
+    assert failed[0]["exception"][0]["exc_value"] == "worker thread failed"
