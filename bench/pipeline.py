@@ -145,7 +145,7 @@ def _latency_schedule(
     out: list[tuple[int, bytes]] = []
     pubs = [
         EventPublisher(
-            w, plan, NS, SHARDS, lambda s, b: out.append((s, b)), 0, max_buffered_keys=1 << 30
+            w, plan, NS, SHARDS, lambda s, b: out.append((s, b)), max_buffered_keys=1 << 30
         )
         for w in topology.workers
     ]
@@ -275,17 +275,17 @@ def _bootstrap(redis_url: str, entries: int) -> dict[str, Any]:
     snapshot_s = time.perf_counter() - t0
     view_bytes = sum(len(v) for s in states for v in s.snapshot().views.values())
     del states
-    writer = SharedIndexWriter(f"kvcb{os.getpid()}", SHARDS, len(layout.tables))
+    views = SharedIndexWriter(f"kvcb{os.getpid()}", SHARDS, len(layout.tables))
     try:
         t0 = time.perf_counter()
         for shard in range(SHARDS):
             snap = store.load(shard, with_keys=False)
             assert snap is not None
             for table, image in snap.views.items():
-                writer.load_table(shard, table, image)
+                views.load_table(shard, table, image)
         bootstrap_s = time.perf_counter() - t0
     finally:
-        writer.close()
+        views.close()
     client = redis_lib.Redis.from_url(redis_url)
     for key in client.scan_iter(f"{prefix}:*"):
         client.delete(key)
