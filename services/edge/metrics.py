@@ -39,3 +39,6 @@ class EdgeMetrics:
         self.loaded = Gauge("kvc_edge_shards_loaded", "Shards with a loaded view.", registry=r)
         self.broker_up = Gauge("kvc_edge_broker_up", "1 while the broker answers.", registry=r)
         self.redis_up = Gauge("kvc_edge_redis_up", "1 while Redis answers.", registry=r)
+        self.redis_errors = Counter(
+            "kvc_edge_redis_errors", "Redis calls that failed (each retry counts).", registry=r
+        )

@@ -226,6 +226,7 @@ class EdgeReplayer:
                 continue
             self._load_missing()
             if not self._assigned:
+                self._consumer.poll(0)  # serves librdkafka's callbacks: a lost broker
                 self._report()
                 stop.wait(s.bootstrap_retry_s)
                 continue
@@ -379,6 +380,7 @@ class EdgeReplayer:
         try:
             value = call()
         except _REDIS_ERRORS as exc:
+            self.metrics.redis_errors.inc()
             self._redis_backoff.failed(now)
             self._set_health("redis", False, str(exc))
             return None

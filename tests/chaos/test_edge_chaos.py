@@ -93,27 +93,67 @@ def test_redis_stopped_for_seconds_the_edge_keeps_serving_and_recovers(
     family = prompts(rng, 100)
     # No periodic MU snapshot while Redis is stopped: the fault is the edge's alone.
     mu = cluster.start_mu(KVC_SNAPSHOT_INTERVAL_S="3600")
-    edge = ThreadedEdge(cluster, KVC_SNAPSHOT_CHECK_S="0.3", KVC_REDIS_RETRY_MAX_S="1").start()
-    cluster.random_traffic(rng, 200, family)
-    _caught_up(cluster)
-    reader = SharedIndexReader(cluster.shm_prefix)
-    before = _images(reader)
-    redis_pid = _server(own_infra, "redis").pid
-    os.kill(redis_pid, signal.SIGSTOP)
-    try:
-        # The idle edge's anti-entropy read times out: Redis is reported down ...
-        poll_until(lambda: not edge.health.report()["redis"].ok, 20, "edge sees Redis down")
-        # ... while the views stay ready and unchanged for readers.
+    with capture_logs() as logs:
+        edge = ThreadedEdge(cluster, KVC_SNAPSHOT_CHECK_S="0.3", KVC_REDIS_RETRY_MAX_S="1")
+        edge.start()
+        cluster.random_traffic(rng, 200, family)
+        _caught_up(cluster)
+        reader = SharedIndexReader(cluster.shm_prefix)
+        before = _images(reader)
+        redis_pid = _server(own_infra, "redis").pid
+        os.kill(redis_pid, signal.SIGSTOP)
+        try:
+            # The idle edge's anti-entropy read times out: Redis is reported down ...
+            poll_until(lambda: not edge.health.report()["redis"].ok, 20, "edge sees Redis down")
+            # ... while the views stay ready and unchanged for readers, through retries.
+            poll_until(lambda: edge.metric("kvc_edge_redis_up") == 0, 5, "redis_up metric")
+            assert reader.ready()
+            assert _images(reader) == before
+            assert edge.error is None
+        finally:
+            os.kill(redis_pid, signal.SIGCONT)
+        poll_until(lambda: edge.health.report()["redis"].ok, 30, "edge sees Redis back")
+        cluster.random_traffic(rng, 150, family)
+        _finish(cluster, [mu])
+        reader.close()
+        edge.stop()
+    # Retried every second, yet one line per change of Redis's state.
+    changes = [e["ok"] for e in logs if e.get("condition") == "redis"]
+    assert changes == [True, False, True], changes
+
+
+def test_redis_killed_and_restarted_empty_the_views_survive_untouched(
+    cluster: Cluster, own_infra: RunningInfra
+) -> None:
+    rng = np.random.default_rng(27)
+    mu = cluster.start_mu()
+    cluster.random_traffic(rng, 150, prompts(rng, 100))
+    with capture_logs() as logs:
+        edge = ThreadedEdge(cluster, KVC_SNAPSHOT_CHECK_S="0.2", KVC_REDIS_RETRY_MAX_S="0.5")
+        edge.start()
+        _finish(cluster, [mu])
+        reader = SharedIndexReader(cluster.shm_prefix)
+        before = _images(reader)
+        redis = _server(own_infra, "redis")
+        os.kill(redis.pid, signal.SIGKILL)
+        poll_until(lambda: edge.metric("kvc_edge_redis_errors_total") >= 4, 30, "retries")
+        assert not edge.health.report()["redis"].ok
         assert reader.ready()
         assert _images(reader) == before
-        assert edge.error is None
-    finally:
-        os.kill(redis_pid, signal.SIGCONT)
-    poll_until(lambda: edge.health.report()["redis"].ok, 30, "edge sees Redis back")
-    cluster.random_traffic(rng, 150, family)
-    _finish(cluster, [mu])
-    reader.close()
-    edge.stop()
+        with open(cluster.log_dir / "redis-2.log", "wb") as out:
+            restarted = subprocess.Popen(redis.argv, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            poll_until(lambda: edge.health.report()["redis"].ok, 30, "edge sees Redis back")
+            # Redis came back without the snapshots: nothing to reload, nothing unlinked.
+            assert reader.ready()
+            assert _images(reader) == before
+            reader.close()
+            edge.stop()
+        finally:
+            restarted.terminate()
+            restarted.wait(10)
+    changes = [e["ok"] for e in logs if e.get("condition") == "redis"]
+    assert changes == [True, False, True], changes
 
 
 def test_a_foreign_writer_is_ignored_with_one_warning_and_no_resync_livelock(
