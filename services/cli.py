@@ -18,7 +18,10 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvcompass", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="kvcompass",
+        description="KVCompass: the index demo, the local broker and Redis, and the services.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(
         "index-demo",

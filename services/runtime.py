@@ -9,16 +9,16 @@ manager that opens and closes its clients) and run it until a signal sets ``stop
 
 Signals: the first SIGTERM / SIGINT sets ``stop`` and the service drains; the whole
 drain, counted from that signal, has ``KVC_DRAIN_TIMEOUT_S``. A second signal exits at
-once (the default action is restored after the first, so the kernel ends the process
-even while the main thread is blocked in a client call).
+once. A thread of the shell takes the signals (through Python's wakeup pipe), so a main
+thread blocked in a client call delays neither.
 
 Exit statuses (:class:`ExitStatus`):
 
 - 0: stopped cleanly.
 - 2: a setting is wrong or start was refused (one log line names the setting and value).
 - 3: a dependency (broker, Redis) stayed lost past its deadline, or the drain overran.
-- 70: internal error or broken invariant; nothing was persisted by the shell's exit.
-- killed by signal N (a shell shows 128 + N): a second signal arrived during the drain.
+- 70: internal error or broken invariant (the service persists nothing on such an exit).
+- 128 + N: a second signal N arrived during the drain.
 
 A fatal error is one JSON log line (``start_refused`` or ``fatal``) whose fields hold the
 error, its type, the exit status and, for unexpected errors, the traceback.
@@ -68,6 +68,7 @@ S = TypeVar("S", bound=PipelineSettings)
 S_contra = TypeVar("S_contra", bound=PipelineSettings, contravariant=True)
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_CLOSE = 0  # written to the wakeup pipe to end the watcher (no signal has number 0)
 
 
 class ExitStatus(IntEnum):
@@ -127,7 +128,7 @@ def usage(spec: ServiceSpec[Any]) -> str:
         "",
         "Exit statuses: 0 stopped cleanly; 2 bad setting or start refused; 3 dependency lost",
         "past its deadline or drain overran; 70 internal error or broken invariant;",
-        "killed by the signal (128+N in a shell) on a second SIGTERM/SIGINT.",
+        "128+N a second signal N during the drain.",
     ]
     return "\n".join(lines)
 
@@ -306,7 +307,14 @@ def _addresses(settings: PipelineSettings) -> tuple[Address, Address]:
 
 class _Signals:
     """SIGTERM / SIGINT: the first sets ``stop`` and arms the drain deadline; a second
-    one, or the deadline, ends the process at once."""
+    one, or the deadline, ends the process at once.
+
+    Python runs signal handlers in the main thread only, and only once it runs Python
+    code again: a main thread blocked in a client call, or a signal the kernel handed to
+    one of numpy's BLAS threads, would delay them without bound. The C-level handler
+    writes every signal to a wakeup pipe from whichever thread received it, so a thread
+    of our own reading that pipe acts at once.
+    """
 
     def __init__(self, stop: threading.Event, drain_timeout_s: float, shell: _Shell) -> None:
         self._stop = stop
@@ -314,10 +322,18 @@ class _Signals:
         self._shell = shell
         self._deadline: threading.Timer | None = None
         self._previous: dict[signal.Signals, Any] = {}
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._write_fd, False)  # the C handler must never block
+        self._thread = threading.Thread(target=self._watch, name="signals", daemon=True)
+        self._previous_wakeup_fd = -1
 
     def __enter__(self) -> _Signals:
         for signum in _SIGNALS:
-            self._previous[signum] = signal.signal(signum, self._first)
+            # A Python handler (not the default action) so the C handler runs; the
+            # work happens in _watch.
+            self._previous[signum] = signal.signal(signum, _noop)
+        self._previous_wakeup_fd = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        self._thread.start()
         return self
 
     def __exit__(
@@ -326,27 +342,29 @@ class _Signals:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
+        signal.set_wakeup_fd(self._previous_wakeup_fd)
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
+        os.write(self._write_fd, bytes([_CLOSE]))
+        self._thread.join()
+        os.close(self._read_fd)
+        os.close(self._write_fd)
+        if self._deadline is not None:
+            self._deadline.cancel()
 
-    def _first(self, signum: int, frame: FrameType | None) -> None:
-        # The default action from now on: the kernel ends the process on a second signal
-        # even while the main thread is blocked inside a client call.
-        for other in _SIGNALS:
-            signal.signal(other, signal.SIG_DFL)
-        self._shell.log.info(
-            "stopping",
-            signal=signal.Signals(signum).name,
-            drain_timeout_s=self._drain_timeout_s,
-            second_signal="exits at once",
-        )
-        self._shell.draining()
-        self._stop.set()
-        self._deadline = threading.Timer(self._drain_timeout_s, self._overrun)
-        self._deadline.daemon = True
-        self._deadline.start()
+    def _watch(self) -> None:
+        while (signum := os.read(self._read_fd, 1)[0]) != _CLOSE:
+            name = signal.Signals(signum).name
+            if self._stop.is_set():
+                status = 128 + signum
+                self._shell.log.warning("stopping_now", signal=name, exit_status=status)
+                os._exit(status)
+            self._shell.log.info("stopping", signal=name, drain_timeout_s=self._drain_timeout_s)
+            self._shell.draining()
+            self._stop.set()
+            self._deadline = threading.Timer(self._drain_timeout_s, self._overrun)
+            self._deadline.daemon = True
+            self._deadline.start()
 
     def _overrun(self) -> None:
         status = int(ExitStatus.DEPENDENCY_LOST)
@@ -354,3 +372,7 @@ class _Signals:
             "drain_timeout", drain_timeout_s=self._drain_timeout_s, exit_status=status
         )
         os._exit(status)
+
+
+def _noop(signum: int, frame: FrameType | None) -> None:
+    """The Python-level handler; _Signals._watch does the work."""

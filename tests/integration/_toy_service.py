@@ -11,23 +11,48 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from types import TracebackType
+from typing import Self
 
 from prometheus_client import CollectorRegistry, Counter
 
 from kvcompass.errors import ConfigError, InvariantBroken, Transient
 from kvcompass.services.health import Health
-from kvcompass.services.runtime import Service, ServiceSpec, run_service
+from kvcompass.services.runtime import ServiceSpec, run_service
 from kvcompass.settings import PipelineSettings
 from kvcompass.topology import Topology
 
 
 class Toy:
-    def __init__(self, behaviour: str, health: Health, registry: CollectorRegistry) -> None:
-        self.behaviour = behaviour
+    """Shaped like the services' contract: ``with Toy(settings, topology, ...) as toy:
+    toy.run(stop)`` (mypy checks that the class itself is a ServiceFactory)."""
+
+    def __init__(
+        self,
+        settings: PipelineSettings,
+        topology: Topology,
+        *,
+        kafka_bootstrap: str,
+        redis_url: str,
+        health: Health,
+        registry: CollectorRegistry,
+    ) -> None:
+        self.behaviour = os.environ["TOY_BEHAVIOUR"]
         self.health = health
         self.runs = Counter("toy_runs", "Runs started.", registry=registry)
+
+    def __enter__(self) -> Self:
+        if self.behaviour == "refuse":
+            raise ConfigError("KVC_SHM_PREFIX='kvc': held by a live edge (pid 1)")
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.health.set("toy", False, "closed")
 
     def run(self, stop: threading.Event) -> None:
         self.runs.inc()
@@ -48,24 +73,8 @@ class Toy:
         raise RuntimeError("worker thread failed")
 
 
-@contextmanager
-def toy(
-    settings: PipelineSettings,
-    topology: Topology,
-    *,
-    kafka_bootstrap: str,
-    redis_url: str,
-    health: Health,
-    registry: CollectorRegistry,
-) -> Iterator[Service]:
-    behaviour = os.environ["TOY_BEHAVIOUR"]
-    if behaviour == "refuse":
-        raise ConfigError("KVC_SHM_PREFIX='kvc': held by a live edge (pid 1)")
-    yield Toy(behaviour, health, registry)
-
-
 SPEC = ServiceSpec(
-    name="toy", summary="A test service.", settings=PipelineSettings, topic_fields=(), factory=toy
+    name="toy", summary="A test service.", settings=PipelineSettings, topic_fields=(), factory=Toy
 )
 
 if __name__ == "__main__":

@@ -185,7 +185,9 @@ def test_cli_up_status_down_leaves_no_processes(run_dir: Path, wait_for: WaitFor
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVC_")}
     env |= {"KVC_RUN_DIR": str(run_dir), "KVC_LOG_JSON": "true"}
     script = Path(sys.executable).with_name("kvcompass")
-    kvcompass = [str(script)] if script.exists() else [sys.executable, "-m", "kvcompass.cli"]
+    kvcompass = (
+        [str(script)] if script.exists() else [sys.executable, "-m", "kvcompass.services.cli"]
+    )
     module = [sys.executable, "-m", "kvcompass.services.infra"]
 
     def run(argv: list[str], expect: int = 0) -> subprocess.CompletedProcess[str]:

@@ -192,3 +192,36 @@ def test_a_good_start_serves_status_and_logs_service_and_pid(
         "running",
         "stopped",
     ]
+
+
+def test_unset_addresses_without_infra_state_are_refused_naming_the_run_dir(
+    infra: RunningInfra, tmp_path: Any
+) -> None:
+    env = _env(infra, KVC_RUN_DIR="rel/run")
+    del env["KVC_KAFKA_BOOTSTRAP"], env["KVC_REDIS_URL"]
+    done = subprocess.run(
+        [sys.executable, "-m", MODULES["mu"]],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=BOUND_S,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    (line,) = [json.loads(text) for text in done.stderr.splitlines()]
+    state_file = tmp_path / "rel" / "run" / "state.json"
+    assert f"{state_file} records no servers" in line["error"]  # absolute, resolved once
+    assert "kvcompass infra up" in line["error"]
+
+
+@pytest.mark.parametrize("service", ["mu", "edge"])
+def test_kvcompass_command_prints_the_service_help(
+    service: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kvcompass.services.cli import main
+
+    assert main([service, "--help"]) == 0
+    assert "KVC_SHARDS (int, default 4)" in capsys.readouterr().out
+    assert main([service, "extra"]) == 2
+    assert "takes no arguments" in capsys.readouterr().err

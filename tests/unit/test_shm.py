@@ -31,7 +31,16 @@ from kvcompass.index.reader import IndexNotReady, IndexReader
 from kvcompass.keys import Namespace, prefix_keys, shard_of
 from kvcompass.levels import plan_levels
 from kvcompass.loadgen.testing import poll_until
-from kvcompass.shm import SHM_DIR, PrefixInUse, SharedIndexReader, SharedIndexWriter, TornRead
+from kvcompass.shm import (
+    SHM_DIR,
+    PrefixInUse,
+    SharedIndexReader,
+    SharedIndexWriter,
+    TornRead,
+    remove_segments,
+    segments,
+)
+from kvcompass.shm import writer as shm_writer
 from kvcompass.topology import Topology, load_builtin
 
 NS = Namespace("shm-test-model")
@@ -39,8 +48,11 @@ WRITER_SCRIPT = Path(__file__).with_name("_shm_writer.py")
 
 
 @pytest.fixture
-def prefix() -> str:
-    return f"kvct{uuid.uuid4().hex[:10]}"
+def prefix() -> Iterator[str]:
+    """A fresh prefix; every writer of it must have cleaned up after itself."""
+    name = f"kvct{uuid.uuid4().hex[:10]}"
+    yield name
+    assert not [p.name for p in SHM_DIR.iterdir() if p.name.startswith(name)]
 
 
 def _reader_answers(prefix: str, keys: list[int], out: mp.Queue) -> None:  # type: ignore[type-arg]
@@ -410,6 +422,25 @@ def test_reader_reports_a_closed_writer_and_reattaches_to_the_next(prefix: str) 
         writer.close()
 
 
+def test_readers_see_a_closing_writer_gone_before_its_segments_are(
+    prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    states = TwoStates.make()
+    writer = states.writer(prefix, 0)
+    with SharedIndexReader(prefix, states.layout) as reader:
+        assert reader.ready()
+        ready_at_unlink = []
+
+        def unlink_after_asking(name: str) -> None:
+            ready_at_unlink.append(reader.ready())
+            segments.unlink(name)
+
+        monkeypatch.setattr(shm_writer, "unlink", unlink_after_asking)
+        writer.close()
+        assert ready_at_unlink
+        assert not any(ready_at_unlink)
+
+
 def segment_inodes(prefix: str) -> dict[str, int]:
     """Inode of every segment of ``prefix`` in /dev/shm (the lock file apart)."""
     return {
@@ -515,6 +546,22 @@ def test_reader_survives_a_sigkilled_writer_and_follows_its_successor(
 
         assert second.stop() == 0
         assert not reader.ready()
+        assert segment_inodes(prefix) == {}
+
+
+def test_a_killed_writer_without_successor_is_cleaned_up_explicitly(
+    prefix: str, tmp_path: Path
+) -> None:
+    states = TwoStates.make()
+    with contextlib.ExitStack() as stack:
+        writer = WriterProcess.start(prefix, states, 0, tmp_path)
+        stack.callback(writer.close)
+        with pytest.raises(PrefixInUse):
+            remove_segments(prefix)
+        assert f"{prefix}-ctl" in segment_inodes(prefix)
+        writer.proc.kill()
+        writer.proc.wait()
+        remove_segments(prefix)
         assert segment_inodes(prefix) == {}
 
 

@@ -1,10 +1,11 @@
 """The multi-level discovery index: per-shard region tables, and the lookup over them.
 
 The maintenance side of a shard is :class:`kvcompass.index.shard_tables.ShardTables`.
-``DiscoveryView`` is an edge's keyless replica of every shard. ``MultiLevelQuery`` holds a
-prompt's keys at the lengths an edge queries toward each region, and
-:meth:`DiscoveryView.match` answers, for every worker anywhere, the longest matched length
-and the tier there.
+``MultiLevelQuery`` holds a prompt's keys at the lengths an edge queries toward each
+region; ``MatchDecoder`` turns the table values of those keys into, for every worker
+anywhere, the longest matched length and the tier there. ``DiscoveryView`` is an edge's
+keyless replica of every shard in this process; it and the shared-memory reader are the
+two :class:`~kvcompass.index.reader.IndexReader` implementations.
 """
 
 from __future__ import annotations
