@@ -11,6 +11,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,12 +22,17 @@ import redis
 from _pipeline import N_SHARDS, NS, Cluster, prompts
 from confluent_kafka import Consumer, TopicPartition
 
+from kvcompass.errors import InvariantBroken
+from kvcompass.index.errors import IndexCorrupt
 from kvcompass.index.layout import Tier
 from kvcompass.index.shard_tables import ShardTables
 from kvcompass.keys import prefix_keys, shard_of
 from kvcompass.loadgen.testing import poll_until
 from kvcompass.publisher import EventPublisher
+from kvcompass.services.health import Health
 from kvcompass.services.infra import RunningInfra
+from kvcompass.services.maintenance.service import MaintenanceUnit
+from kvcompass.services.maintenance.settings import MaintenanceSettings
 from kvcompass.wire import DeadLetter, EventKind, PatchBatch, decode
 
 
@@ -282,3 +288,71 @@ def test_redis_stops_for_seconds_and_the_mu_keeps_serving(
         assert log.count('"redis_reachable"') == 1
     finally:
         cluster.close()
+
+
+def _durable(cluster: Cluster) -> dict[int, tuple[int, int]]:
+    """Per shard: the current snapshot's events offset and the group's committed offset."""
+    consumer = Consumer(
+        {"bootstrap.servers": cluster.kafka_bootstrap, "group.id": f"kvc-{cluster.tag}"}
+    )
+    try:
+        committed = consumer.committed(
+            [TopicPartition(cluster.events_topic, s) for s in range(N_SHARDS)], timeout=10
+        )
+    finally:
+        consumer.close()
+    out = {}
+    for tp in committed:
+        vkey = cluster.store.current(tp.partition)
+        assert vkey is not None
+        out[tp.partition] = (cluster.store.load_meta(vkey).events_offset, tp.offset)
+    return out
+
+
+def test_a_table_broken_mid_write_stops_the_mu_and_nothing_is_persisted(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that leaves a table corrupt (IndexCorrupt, an InvariantBroken) ends the
+    unit at once: no snapshot, no offset commit, not even from the revocation that
+    closing the consumer runs; the next owner restores the last good snapshot."""
+    rng = np.random.default_rng(25)
+    family = prompts(rng, 100)
+    mu = cluster.start_mu("mu-1")
+    cluster.random_traffic(rng, 150, family)
+    cluster.wait_mu_caught_up()
+    assert cluster.stop(mu) == 0
+    cluster.random_traffic(rng, 150, family)
+
+    at_break: dict[int, tuple[int, int]] = {}
+    write_columns = ShardTables.write_columns
+
+    def break_the_last_shard(self: ShardTables, *args: object) -> None:
+        # The last shard: a unit that wrongly drained would persist the others first.
+        if self.shard == N_SHARDS - 1:
+            at_break.update(_durable(cluster))
+            raise IndexCorrupt("no bucket seed separates a bucket's keys mid-move")
+        write_columns(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ShardTables, "write_columns", break_the_last_shard)
+    settings = MaintenanceSettings.from_env(cluster.env())
+    unit = MaintenanceUnit(
+        settings,
+        cluster.topology,
+        kafka_bootstrap=cluster.kafka_bootstrap,
+        redis_url=cluster.redis_url,
+        health=Health(),
+    )
+    stop = threading.Event()
+    give_up = threading.Timer(90, stop.set)  # a unit that never breaks drains instead
+    give_up.start()
+    try:
+        with pytest.raises(InvariantBroken, match="mid-move"), unit:
+            unit.run(stop)
+    finally:
+        give_up.cancel()
+    assert at_break, "the write path never broke"
+    assert _durable(cluster) == at_break
+    monkeypatch.undo()
+    mu = cluster.start_mu("mu-2")
+    edge = cluster.start_edge()
+    cluster.finish([mu], edge)
