@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import multiprocessing as mp
+import os
 import random
 import sys
 import time
@@ -19,14 +21,16 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from kvcompass.demo import match_latencies_us
 from kvcompass.index import LudoTable, LudoView
-from kvcompass.index.discovery import DiscoveryView, QueryPlanner
+from kvcompass.index.discovery import DiscoveryView, Match, QueryPlanner
 from kvcompass.index.layout import IndexLayout, Tier
 from kvcompass.index.shard_tables import ShardTables
 from kvcompass.keys import Namespace, prefix_keys, shard_of_array
 from kvcompass.levels import plan_levels
+from kvcompass.shm import SharedIndexReader, SharedIndexWriter
 from kvcompass.topology import load_builtin
 
 LOADS = (0.2, 0.4, 0.6, 0.8, 0.95)
@@ -163,36 +167,92 @@ def _writes(n_cells: int, seed: int) -> dict[str, dict[str, float]]:
     return out
 
 
+FORWARD_TOPOLOGY = "testbed-3region"
+FORWARD_NAMESPACE = Namespace("bench-model")
+FORWARD_SHARDS = 4
+
+
+def _forward_prompts(seed: int, n_prompts: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 128_000, 4096, dtype=np.uint32) for _ in range(n_prompts)]
+
+
 def _forward(seed: int, n_prompts: int) -> dict[str, float]:
-    """Keys at all levels × regions plus the match, for 4096-token prompts (testbed)."""
-    topology = load_builtin("testbed-3region")
+    """Keys at all levels × regions plus the match, for 4096-token prompts (testbed):
+    in this process, and through shared memory from a second process."""
+    topology = load_builtin(FORWARD_TOPOLOGY)
     plan = plan_levels(topology)
     layout = IndexLayout.from_topology(topology)
-    ns = Namespace("bench-model")
-    rng = np.random.default_rng(seed)
+    ns = FORWARD_NAMESPACE
     table_rng = random.Random(seed)
-    shards = [ShardTables(layout, s, 4, initial_capacity=4096, rng=table_rng) for s in range(4)]
-    prompts = [rng.integers(0, 128_000, 4096, dtype=np.uint32) for _ in range(n_prompts)]
+    shards = [
+        ShardTables(layout, s, FORWARD_SHARDS, initial_capacity=4096, rng=table_rng)
+        for s in range(FORWARD_SHARDS)
+    ]
+    prompts = _forward_prompts(seed, n_prompts)
     for i, prompt in enumerate(prompts[: n_prompts // 2]):
         w = topology.workers[i % len(topology.workers)]
         keys = np.fromiter(
             prefix_keys(prompt, plan.registration_lengths[w.region], ns).values(), np.uint64
         )
-        owners = shard_of_array(keys, 4)
+        owners = shard_of_array(keys, FORWARD_SHARDS)
         for tables in shards:
             tables.set_tier(keys[owners == tables.shard], w.index, Tier.VRAM)
     images = {(s.shard, t): img for s in shards for t, img in s.view_images().items()}
-    view = DiscoveryView.from_images(layout, 4, images)
+    view = DiscoveryView.from_images(layout, FORWARD_SHARDS, images)
     edge = topology.regions[0].name
     planner = QueryPlanner(plan, edge, ns)
     us = match_latencies_us(view, planner, prompts)
     us_list = match_latencies_us(view, planner, [p.tolist() for p in prompts[:500]])
+    shm_us = _forward_shm(images, seed, n_prompts, [view.match(planner.query(p)) for p in prompts])
     return {
         "forward_lookup_p50_us": round(float(np.percentile(us, 50)), 1),
         "forward_lookup_p99_us": round(float(np.percentile(us, 99)), 1),
         "forward_lookup_list_input_p50_us": round(float(np.median(us_list)), 1),
+        "forward_lookup_shm_p50_us": round(float(np.percentile(shm_us, 50)), 1),
+        "forward_lookup_shm_p99_us": round(float(np.percentile(shm_us, 99)), 1),
         "forward_lookup_keys_per_prompt": sum(1 for c in plan.all_query_lengths(edge) if c <= 4096),
     }
+
+
+def _forward_shm(
+    images: dict[tuple[int, int], bytes], seed: int, n_prompts: int, expected: list[Match]
+) -> NDArray[np.float64]:
+    """The forwarding lookup of a router process: a spawned process attaches a
+    SharedIndexReader to views this process writes, and times keys + match per prompt."""
+    layout = IndexLayout.from_topology(load_builtin(FORWARD_TOPOLOGY))
+    with SharedIndexWriter(f"kvcbench{os.getpid()}", FORWARD_SHARDS, len(layout.tables)) as writer:
+        for (shard, table), image in images.items():
+            writer.load_table(shard, table, image)
+        for shard in range(FORWARD_SHARDS):
+            writer.set_position(shard, seq=0, epoch=1)
+        ctx = mp.get_context("spawn")
+        out: mp.Queue[tuple[list[float], list[Match]]] = ctx.Queue()
+        router = ctx.Process(target=_router, args=(writer.prefix, seed, n_prompts, out))
+        router.start()
+        try:
+            us, matches = out.get(timeout=600)
+        finally:
+            router.join(timeout=60)
+    if router.exitcode != 0 or matches != expected:
+        raise RuntimeError("the shared-memory reader answered differently from the view")
+    return np.array(us)
+
+
+def _router(prefix: str, seed: int, n_prompts: int, out: mp.Queue[Any]) -> None:
+    topology = load_builtin(FORWARD_TOPOLOGY)
+    layout = IndexLayout.from_topology(topology)
+    planner = QueryPlanner(plan_levels(topology), topology.regions[0].name, FORWARD_NAMESPACE)
+    prompts = _forward_prompts(seed, n_prompts)
+    with SharedIndexReader(prefix, layout) as reader:
+        reader.match(planner.query(prompts[0]))  # maps the segments, outside the timing
+        us, matches = [], []
+        for prompt in prompts:
+            t0 = time.perf_counter()
+            match = reader.match(planner.query(prompt))
+            us.append((time.perf_counter() - t0) * 1e6)
+            matches.append(match)
+    out.put((us, matches))
 
 
 def main() -> None:

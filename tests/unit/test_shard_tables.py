@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from kvcompass.errors import BadInput, InvariantBroken
-from kvcompass.index import kernel
+from kvcompass.index import kernel, ludo
 from kvcompass.index.errors import IndexCorrupt, SnapshotError, TableFull
 from kvcompass.index.layout import IndexLayout, Tier
+from kvcompass.index.ludo import LudoTable
 from kvcompass.index.shard_tables import ShardTables
 from kvcompass.keys import shard_of_array
 from kvcompass.snapshot import ShardSnapshot, SnapshotMeta
@@ -367,3 +368,17 @@ def test_a_write_that_breaks_mid_move_poisons_the_shard(monkeypatch: pytest.Monk
             produce()
     # The shard's other tables are intact, but the shard as a whole is not persisted.
     assert tables.tables[LAYOUT.slots[0][0]].snapshot_parts()
+
+
+def test_a_grow_that_loses_the_table_poisons_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Growing resets the storage before re-placing the keys: failing there loses them."""
+    table = LudoTable.with_capacity(8, rng=random.Random(2))
+
+    def no_seed(*args: Any) -> Any:
+        raise TableFull("no bucket seed separates the keys of 1 buckets")
+
+    monkeypatch.setattr(ludo, "find_seeds_array", no_seed)
+    with pytest.raises(IndexCorrupt, match="growing lost the table"):
+        table.put_many(np.arange(1, 40, dtype=np.uint64), np.ones(39, dtype=np.uint64))
+    with pytest.raises(IndexCorrupt):
+        table.snapshot_parts()

@@ -1,10 +1,11 @@
 """The multi-level discovery index: per-shard region tables, and the lookup over them.
 
 The maintenance side of a shard is :class:`kvcompass.index.shard_tables.ShardTables`.
-``DiscoveryView`` is an edge's keyless replica of every shard. ``MultiLevelQuery`` holds a
-prompt's keys at the lengths an edge queries toward each region, and
-:meth:`DiscoveryView.match` answers, for every worker anywhere, the longest matched length
-and the tier there.
+``MultiLevelQuery`` holds a prompt's keys at the lengths an edge queries toward each
+region; ``MatchDecoder`` turns the table values of those keys into, for every worker
+anywhere, the longest matched length and the tier there. ``DiscoveryView`` is an edge's
+keyless replica of every shard in this process; it and the shared-memory reader are the
+two :class:`~kvcompass.index.reader.IndexReader` implementations.
 """
 
 from __future__ import annotations
@@ -12,16 +13,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from kvcompass.hashing import MASK64
+from kvcompass.errors import BadInput
 from kvcompass.index.layout import IndexLayout, Tier
 from kvcompass.index.patches import TablePatch
 from kvcompass.index.view import LudoView
-from kvcompass.keys import SHARD_SALT, Namespace, TokenIds, prefix_keys
+from kvcompass.keys import Namespace, TokenIds, prefix_keys, shard_of
 from kvcompass.levels import LevelPlan
 
 __all__ = [
     "DiscoveryView",
     "Match",
+    "MatchDecoder",
     "MultiLevelQuery",
     "QueryPlanner",
     "TableKey",
@@ -75,8 +77,57 @@ class QueryPlanner:
         )
 
 
+class MatchDecoder:
+    """Table values to per-worker matches: the one decoding every index reader shares.
+
+    :meth:`decode` asks ``value_of(table id, key)`` for each lookup a query needs. A
+    reader that reads its tables in batches (one shared-memory read section per shard)
+    first collects the values of :meth:`probes`, then decodes from them.
+    """
+
+    def __init__(self, layout: IndexLayout) -> None:
+        self.n_workers = layout.n_workers
+        self._region_tables = {
+            region: tuple((t.table_id, t.workers) for t in layout.tables_of(region))
+            for region in {t.region for t in layout.tables}
+        }
+
+    def _tables_of(self, region: str) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        try:
+            return self._region_tables[region]
+        except KeyError:
+            raise BadInput(f"query names region {region!r}, not one of this index") from None
+
+    def probes(self, query: MultiLevelQuery) -> list[tuple[int, int]]:
+        """(table id, key) of every lookup :meth:`decode` makes for ``query``."""
+        return [
+            (table_id, key)
+            for region, pairs in query.per_region.items()
+            for table_id, _ in self._tables_of(region)
+            for _, key in pairs
+        ]
+
+    def decode(self, query: MultiLevelQuery, value_of: Callable[[int, int], int]) -> Match:
+        """Longest matched length and tier of every worker, over all levels and regions."""
+        lengths = [0] * self.n_workers
+        tiers = [0] * self.n_workers
+        for region, pairs in query.per_region.items():
+            for table_id, workers in self._tables_of(region):
+                # Ascending lengths: a longer match overwrites a shorter one.
+                for length, key in pairs:
+                    value = value_of(table_id, key)
+                    while value:
+                        bit = (value & -value).bit_length() - 1
+                        shift = bit & ~1
+                        w = workers[bit >> 1]
+                        lengths[w] = length
+                        tiers[w] = (value >> shift) & 3
+                        value &= ~(3 << shift)
+        return Match(lengths, tiers)
+
+
 class DiscoveryView:
-    """An edge's keyless replica of every shard's region tables."""
+    """An edge's keyless replica of every shard's region tables, in this process."""
 
     def __init__(self, layout: IndexLayout, n_shards: int, views: Mapping[TableKey, LudoView]):
         missing = {(s, t.table_id) for s in range(n_shards) for t in layout.tables} - set(views)
@@ -87,10 +138,7 @@ class DiscoveryView:
         self.views = dict(views)
         self._lookups: list[list[Callable[[int], int]]] = []
         self._bind_lookups()
-        self._region_tables = {
-            region: [(t.table_id, t.workers) for t in layout.tables_of(region)]
-            for region in {t.region for t in layout.tables}
-        }
+        self._decoder = MatchDecoder(layout)
 
     @classmethod
     def from_images(
@@ -108,33 +156,17 @@ class DiscoveryView:
         for where, patch in patches.items():
             self.views[where].apply(patch)
 
+    def ready(self) -> bool:
+        """Always: every table is in memory from construction on."""
+        return True
+
     def match(self, query: MultiLevelQuery) -> Match:
         """Longest matched length and tier of every worker, over all levels and regions."""
-        n_workers = self.layout.n_workers
-        lengths = [0] * n_workers
-        tiers = [0] * n_workers
-        n_shards = self.n_shards
         lookups = self._lookups
-        for region, pairs in query.per_region.items():
-            for table_id, workers in self._region_tables[region]:
-                # Ascending lengths: a longer match overwrites a shorter one.
-                for length, key in pairs:
-                    # shard_of(key, n_shards), inlined: this loop is the per-request cost.
-                    x = key ^ SHARD_SALT
-                    x ^= x >> 33
-                    x = (x * 0xFF51AFD7ED558CCD) & MASK64
-                    x ^= x >> 33
-                    x = (x * 0xC4CEB9FE1A85EC53) & MASK64
-                    shard = (x ^ (x >> 33)) % n_shards
-                    value = lookups[shard][table_id](key)
-                    while value:
-                        bit = (value & -value).bit_length() - 1
-                        shift = bit & ~1
-                        w = workers[bit >> 1]
-                        lengths[w] = length
-                        tiers[w] = (value >> shift) & 3
-                        value &= ~(3 << shift)
-        return Match(lengths, tiers)
+        n_shards = self.n_shards
+        return self._decoder.decode(
+            query, lambda table_id, key: lookups[shard_of(key, n_shards)][table_id](key)
+        )
 
     @property
     def nbytes(self) -> int:
