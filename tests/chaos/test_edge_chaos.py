@@ -16,6 +16,8 @@ from subprocess import Popen
 import numpy as np
 import pytest
 import redis
+from _edge import ThreadedEdge
+from _pipeline import N_SHARDS, Cluster, prompts
 from structlog.testing import capture_logs
 
 from kvcompass.index.image import HEADER_SIZE
@@ -23,11 +25,6 @@ from kvcompass.loadgen.testing import poll_until
 from kvcompass.services.infra import Infra, InfraSettings, RunningInfra
 from kvcompass.services.infra.processes import ServerProcess, port_answers
 from kvcompass.shm import SharedIndexReader
-
-# The pipeline harness of the integration tests (reconcile with tests/chaos/conftest.py).
-sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
-from _edge import ThreadedEdge
-from _pipeline import N_SHARDS, Cluster, prompts
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +57,7 @@ def _caught_up(cluster: Cluster) -> None:
     cluster.wait_edge_at(cluster.wait_mu_caught_up())
 
 
-def _finish(cluster: Cluster, mus: list[Popen[bytes]]) -> None:
+def _drain_and_compare(cluster: Cluster, mus: list[Popen[bytes]]) -> None:
     """Drain the MUs (final snapshots), wait for the edge, compare everything."""
     cluster.wait_mu_caught_up()
     for proc in mus:
@@ -114,7 +111,7 @@ def test_redis_stopped_for_seconds_the_edge_keeps_serving_and_recovers(
             os.kill(redis_pid, signal.SIGCONT)
         poll_until(lambda: edge.health.report()["redis"].ok, 30, "edge sees Redis back")
         cluster.random_traffic(rng, 150, family)
-        _finish(cluster, [mu])
+        _drain_and_compare(cluster, [mu])
         reader.close()
         edge.stop()
     # Retried every second, yet one line per change of Redis's state.
@@ -131,7 +128,7 @@ def test_redis_killed_and_restarted_empty_the_views_survive_untouched(
     with capture_logs() as logs:
         edge = ThreadedEdge(cluster, KVC_SNAPSHOT_CHECK_S="0.2", KVC_REDIS_RETRY_MAX_S="0.5")
         edge.start()
-        _finish(cluster, [mu])
+        _drain_and_compare(cluster, [mu])
         reader = SharedIndexReader(cluster.shm_prefix)
         before = _images(reader)
         redis = _server(own_infra, "redis")
@@ -175,7 +172,7 @@ def test_a_foreign_writer_is_ignored_with_one_warning_and_no_resync_livelock(
         for _ in range(6):
             cluster.random_traffic(rng, 50, family)
             cluster.wait_mu_caught_up()
-        _finish(cluster, [mu, foreign])
+        _drain_and_compare(cluster, [mu, foreign])
         edge.stop()
     assert edge.metric("kvc_edge_foreign_batches_total") > 10
     # Resyncs come from the real MU's own takeover only, never from the foreign batches.
@@ -208,7 +205,7 @@ def test_a_second_edge_with_the_same_prefix_is_refused(cluster: Cluster) -> None
     assert reader.ready()
     reader.close()
     cluster.random_traffic(rng, 100, family)
-    _finish(cluster, [mu])
+    _drain_and_compare(cluster, [mu])
     assert cluster.stop(edge) == 0
 
 
@@ -229,7 +226,7 @@ def test_edge_killed_and_restarted_readers_never_see_the_dead_edges_views_as_rea
     cluster.random_traffic(rng, 150, family)  # while no edge runs
     edge = cluster.start_edge("edge-2")
     cluster.random_traffic(rng, 100, family)
-    _finish(cluster, [mu])
+    _drain_and_compare(cluster, [mu])
     # The same reader follows the new edge to the MU's final state.
     target = cluster.snapshot_positions()
     poll_until(reader.ready, 30, "the old reader re-attached")
@@ -246,7 +243,7 @@ def test_broker_killed_and_restarted_the_edge_goes_not_ready_then_recovers_or_ex
     mu = cluster.start_mu()
     edge = cluster.start_edge(KVC_BROKER_TIMEOUT_S="15")
     cluster.random_traffic(rng, 150, prompts(rng, 100))
-    _finish(cluster, [mu])  # the MU drains first: the fault is the edge's alone
+    _drain_and_compare(cluster, [mu])  # the MU drains first: the fault is the edge's alone
     reader = SharedIndexReader(cluster.shm_prefix)
     assert reader.ready()
     broker = _server(own_infra, "kafka")

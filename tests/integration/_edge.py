@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from subprocess import Popen
 
+from _pipeline import Cluster
 from prometheus_client import CollectorRegistry
 
 from kvcompass.loadgen.testing import LocalCluster, poll_until
@@ -67,6 +69,16 @@ class ThreadedEdge:
                 if sample.name == name and labels.items() <= sample.labels.items():
                     total += sample.value
         return total
+
+    def finish(self, cluster: Cluster, mu_procs: list[Popen[bytes]]) -> None:
+        """As ``Cluster.finish`` for a process edge: drain the MUs, wait for this edge at
+        their final snapshots, compare the views, stop."""
+        cluster.wait_mu_caught_up()
+        for proc in mu_procs:
+            assert cluster.stop(proc) == 0, "maintenance unit did not drain cleanly"
+        cluster.wait_edge_at(cluster.snapshot_positions())
+        assert cluster.assert_edge_matches() > 0
+        self.stop()
 
     def stop(self) -> None:
         self._stop.set()

@@ -144,8 +144,14 @@ class ShardWriter:
             raise RuntimeError(f"shard {self.shard} was already taken over")
         refused = ""
         meta = None
+        # The service reads the stream from the snapshot's position, so the epochs before
+        # it are known only from the snapshot: a meta that passed its checks bounds the
+        # new epoch even when the tables it describes are refused.
+        fence = 0
         if snapshot is not None:
             try:
+                self.check_meta(snapshot.meta)
+                fence = snapshot.meta.epoch
                 meta = self._restore(snapshot)
             except (SnapshotError, BadInput) as exc:
                 refused = str(exc)
@@ -154,7 +160,7 @@ class ShardWriter:
         history = committed or stream_epoch is not None
         wanted = 0 if meta is None else meta.events_offset + 1
         resume = max(wanted, events_low)
-        self.epoch = max(0 if meta is None else meta.epoch, stream_epoch or 0) + 1
+        self.epoch = max(fence, stream_epoch or 0) + 1
         self.events_offset = self._flushed_offset = resume - 1
         self.patches_offset = max(0 if meta is None else meta.patches_offset, stream_end)
         self._generations = self.tables.generations
@@ -181,7 +187,6 @@ class ShardWriter:
     def _restore(self, snapshot: ShardSnapshot) -> SnapshotMeta:
         """Load the snapshot's state, or raise what is wrong with it (nothing kept)."""
         meta = snapshot.meta
-        self.check_meta(meta)
         tables = ShardTables.restore(
             snapshot, self.layout, self.shard, self.n_shards, rng=self._rng
         )
