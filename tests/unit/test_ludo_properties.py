@@ -471,3 +471,20 @@ def test_put_validation() -> None:
         table.put_many([1, 2], [1])
     assert len(table) == 0
     assert table.take_patch().is_empty
+
+
+def test_read_only_batches_run_the_kernel_compiled_at_set_up() -> None:
+    """Keys decoded from a message buffer are read-only arrays; they must not make numba
+    compile a second kernel version on the hot path (a 1.8 s stall on a fresh cache)."""
+    from kvcompass.index import kernel
+    from kvcompass.index.ludo import compile_write_kernel
+
+    compile_write_kernel()
+    before = len(kernel.apply_writes.signatures)  # type: ignore[attr-defined]
+    table = LudoTable.with_capacity(64, value_bits=32, rng=random.Random(3))
+    keys = np.frombuffer(np.arange(1, 30, dtype=np.uint64).tobytes(), dtype=np.uint64)
+    assert not keys.flags.writeable
+    ones = np.frombuffer(np.ones(len(keys), dtype=np.uint64).tobytes(), dtype=np.uint64)
+    table.write_bits_many(keys, ones, ones)
+    assert len(kernel.apply_writes.signatures) == before  # type: ignore[attr-defined]
+    assert all(table.get(int(k)) == 1 for k in keys)

@@ -253,6 +253,11 @@ class LudoTable:
     ) -> None:
         """Run validated writes through the kernel, doing the whole-table steps it asks for."""
         self._check_intact()
+        # numba compiles one machine-code version per array flag set: a read-only array
+        # (keys decoded straight from a message buffer) would compile a second version on
+        # the hot path (1.8 s). Copies are cheap next to the writes; every caller then
+        # runs the version compile_write_kernel() built at set-up.
+        keys, clear, bits = (a if a.flags.writeable else a.copy() for a in (keys, clear, bits))
         i = 0
         while i < len(keys):
             status, i = kernel.apply_writes(
