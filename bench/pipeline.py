@@ -27,10 +27,12 @@ import numpy as np
 from kvcompass import log as kvc_log
 from kvcompass.index import LudoTable
 from kvcompass.index.layout import IndexLayout, Tier
+from kvcompass.index.shard_tables import ShardTables
 from kvcompass.keys import Namespace, prefix_keys, shard_of, shard_of_array
 from kvcompass.levels import plan_levels
 from kvcompass.loadgen.testing import LocalCluster, poll_until
-from kvcompass.maintenance import ShardState
+from kvcompass.pipeline.clock import SystemClock
+from kvcompass.pipeline.writer import ShardWriter
 from kvcompass.publisher import EventPublisher
 from kvcompass.services.infra import Infra, InfraSettings
 from kvcompass.services.snapstore import SnapshotStore
@@ -68,7 +70,6 @@ def _events(n_keys: int, seed: int) -> tuple[list[tuple[int, bytes]], int]:
             NS,
             SHARDS,
             lambda s, b: out.append((s, b)),
-            first_seq=0,
             max_buffered_keys=BUFFERED_KEYS,
         )
         for w in topology.workers
@@ -144,7 +145,7 @@ def _latency_schedule(
     out: list[tuple[int, bytes]] = []
     pubs = [
         EventPublisher(
-            w, plan, NS, SHARDS, lambda s, b: out.append((s, b)), 0, max_buffered_keys=1 << 30
+            w, plan, NS, SHARDS, lambda s, b: out.append((s, b)), max_buffered_keys=1 << 30
         )
         for w in topology.workers
     ]
@@ -263,25 +264,28 @@ def _bootstrap(redis_url: str, entries: int) -> dict[str, Any]:
                 value_bits=spec.value_bits,
                 rng=random.Random(shard),
             )
-        states.append(ShardState(shard, SHARDS, topology, tables=tables))
+        writer = ShardWriter(shard, SHARDS, topology, owner=f"bench/{prefix}", clock=SystemClock())
+        writer.take_over(None, stream_epoch=None, stream_end=0, committed=False, events_low=0)
+        writer.tables = ShardTables(writer.layout, shard, SHARDS, tables=tables)  # built in bulk
+        states.append(writer)
     build_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     for state in states:
-        store.save(state.snapshot(time.time_ns()))
+        store.save(state.snapshot())
     snapshot_s = time.perf_counter() - t0
     view_bytes = sum(len(v) for s in states for v in s.snapshot().views.values())
     del states
-    writer = SharedIndexWriter(f"kvcb{os.getpid()}", SHARDS, len(layout.tables))
+    views = SharedIndexWriter(f"kvcb{os.getpid()}", SHARDS, len(layout.tables))
     try:
         t0 = time.perf_counter()
         for shard in range(SHARDS):
             snap = store.load(shard, with_keys=False)
             assert snap is not None
             for table, image in snap.views.items():
-                writer.load_table(shard, table, image)
+                views.load_table(shard, table, image)
         bootstrap_s = time.perf_counter() - t0
     finally:
-        writer.close()
+        views.close()
     client = redis_lib.Redis.from_url(redis_url)
     for key in client.scan_iter(f"{prefix}:*"):
         client.delete(key)

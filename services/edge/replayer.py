@@ -1,62 +1,93 @@
-"""Replay the patch stream into shared-memory views, resyncing on any gap.
+"""The edge replayer: Kafka and Redis in, the core's PatchFollower decides, shared memory out.
 
-Per shard the replayer expects (epoch, seq). A batch below it is a duplicate or from an
-older owner and is skipped; the expected one is applied under the shard's sequence lock;
-anything else (a gap, a new epoch) means the stream no longer continues the view, so
-the shard is reloaded from its current Redis snapshot and the partition is re-read from
-the snapshot's ``kvc.patches`` offset. The replayer never seeks by "latest" or by time.
+Per shard a :class:`~kvcompass.pipeline.PatchFollower` judges each ``kvc.patches`` batch.
+A resync reloads the shard from its current Redis snapshot (verified part by part) and
+re-reads the partition from the snapshot's offset; the replayer never seeks by "latest"
+or by time. Faults of the infrastructure never take the views away from readers:
+
+- Redis unreachable: the views stay as they are and batches that need no snapshot keep
+  applying; Redis is retried with a doubling backoff and each change of state is one log
+  line. A shard that must reload meanwhile is marked not ready until it has.
+- Broker lost (librdkafka reports every broker down): every shard is marked not ready at
+  once; when the broker answers again every shard reloads from its snapshot and re-reads
+  the stream (the broker may have lost its log). If it stays away ``broker_timeout_s``,
+  :class:`BrokerLost` ends ``run`` and the process exits non-zero for its supervisor.
 """
 
 from __future__ import annotations
 
-import random
+import contextlib
 import threading
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from functools import partial
+from types import TracebackType
+from typing import Self, TypeVar
 
 import redis
 import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
+from kvcompass.errors import ConfigError, Transient
 from kvcompass.index.errors import GenerationMismatch, SnapshotError
 from kvcompass.index.layout import IndexLayout
 from kvcompass.index.patches import TablePatch
+from kvcompass.pipeline import PatchFollower, SnapshotCheck, Verdict
+from kvcompass.pipeline.clock import Clock, SystemClock
+from kvcompass.services.edge.metrics import EdgeMetrics
 from kvcompass.services.edge.settings import EdgeSettings
-from kvcompass.services.kafka import consume_ready, consumer_config
+from kvcompass.services.health import Health
+from kvcompass.services.kafka import KafkaLog, consume_ready, consumer_config
 from kvcompass.services.snapstore import SnapshotStore
+from kvcompass.settings import redact_url
 from kvcompass.shm import SharedIndexWriter
+from kvcompass.snapshot import SnapshotMeta
 from kvcompass.topology import Topology
 from kvcompass.wire import PatchBatch, TableReload, WireError, decode
 
-__all__ = ["EdgeReplayer", "EdgeStatus"]
+__all__ = ["BrokerLost", "EdgeReplayer", "Poll"]
 
 log = structlog.get_logger("kvcompass.edge")
 
+T = TypeVar("T")
 
-@dataclass
-class _Shard:
-    loaded: bool = False
-    epoch: int = -1
-    next_seq: int = 0
-    last_produced_ns: int = 0
-    applied: int = 0
-    resyncs: int = 0
+#: A poll of the patch stream; tests wrap it (e.g. in a FaultySource).
+Poll = Callable[[], Sequence[Message]]
+
+_CONNECT_TIMEOUT_S = 10.0  # start-up checks of the broker and Redis
+_PROBE_S = 1.0  # how often a lost broker is asked whether it is back
+# Caught up: the stream was found empty this recently (a per-poll flag would flap, and
+# every flap is a readiness log line).
+_CAUGHT_UP_WINDOW_S = 1.0
+_REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError)
 
 
-@dataclass(frozen=True)
-class EdgeStatus:
-    ready: bool
-    shards_loaded: int
-    lag_ms: float  # age of the newest applied batch's production time, worst shard
-    applied: int
-    resyncs: int
-    skipped: int
+class BrokerLost(Transient):
+    """The broker stayed unreachable past ``broker_timeout_s``."""
+
+
+class _Backoff:
+    """When to try a failing dependency next: waits double from ``first_s`` to ``max_s``."""
+
+    def __init__(self, first_s: float, max_s: float) -> None:
+        self.first_s, self.max_s = first_s, max_s
+        self.wait_s = first_s
+        self.next_at = 0.0
+
+    def due(self, now: float) -> bool:
+        return now >= self.next_at
+
+    def failed(self, now: float) -> None:
+        self.next_at = now + self.wait_s
+        self.wait_s = min(self.wait_s * 2, self.max_s)
+
+    def succeeded(self) -> None:
+        self.wait_s, self.next_at = self.first_s, 0.0
 
 
 class EdgeReplayer:
-    """Owns the shared-memory segments; ``run`` until ``stop`` is set."""
+    """Owns the consumer, the Redis client and the shared-memory writer (a context
+    manager); ``run(stop)`` replays until ``stop`` is set."""
 
     def __init__(
         self,
@@ -65,149 +96,248 @@ class EdgeReplayer:
         *,
         kafka_bootstrap: str,
         redis_url: str,
-        registry: CollectorRegistry | None = None,
+        health: Health,
+        registry: CollectorRegistry,
+        clock: Clock | None = None,
+        wrap_source: Callable[[Poll], Poll] | None = None,
     ) -> None:
         self.settings = settings
         self.layout = IndexLayout.from_topology(topology)
-        self.stop = threading.Event()
-        self.writer = SharedIndexWriter(
-            settings.shm_prefix, settings.shards, len(self.layout.tables)
-        )
-        self._store = SnapshotStore(redis.Redis.from_url(redis_url), settings.snapshot_prefix)
-        # Partitions are assigned by hand; the group id is only a client requirement.
-        self._consumer = Consumer(
-            consumer_config(
-                kafka_bootstrap, f"kvc-edge-{settings.shm_prefix}", settings.fetch_wait_ms
-            )
-        )
-        self._shards = [_Shard() for _ in range(settings.shards)]
-        self._faults = random.Random(settings.fault_seed)
-        self._held: Message | None = None  # a batch held back to reorder it
-        self._idle = False
-        self._skipped = 0
-        r = registry or CollectorRegistry()
-        self._m_applied = Counter("kvc_edge_batches_applied", "Patch batches applied.", registry=r)
-        self._m_resyncs = Counter(
-            "kvc_edge_resyncs", "Shard reloads after a gap or new epoch.", ["shard"], registry=r
-        )
-        self._m_lag = Gauge("kvc_edge_lag_ms", "Age of the newest applied batch.", registry=r)
-        self._m_ready = Gauge(
-            "kvc_edge_ready", "1 when every shard is loaded and the stream is drained.", registry=r
-        )
-        self._m_loaded = Gauge("kvc_edge_shards_loaded", "Shards with a loaded view.", registry=r)
+        self._digest = self.layout.digest()
+        self.health = health
+        self.metrics = EdgeMetrics(registry)
+        self._clock = clock or SystemClock()
+        self._bootstrap, self._redis_url = kafka_bootstrap, redis_url
+        self._wrap_source = wrap_source or (lambda poll: poll)
+        n = settings.shards
+        self.followers = [PatchFollower(shard) for shard in range(n)]
+        self._logs = [log.bind(shard=shard) for shard in range(n)]
+        self._retry_at = [0.0] * n  # per shard: next attempt to load a snapshot
+        self._resume_at = [0] * n  # per shard: kvc.patches offset of its snapshot
+        self._redis_backoff = _Backoff(settings.bootstrap_retry_s, settings.redis_retry_max_s)
         self._assigned = False
-        self._resume_at: dict[int, int] = {}
-        self._last_activity = time.monotonic()
+        self._drained_at: float | None = None  # when a poll last found the stream empty
+        self._last_progress = 0.0
+        self._broker_down_since: float | None = None
+        self._next_probe = 0.0
+        self._foreign_owners: set[str] = set()
+        self._stack = contextlib.ExitStack()
 
-    # -- lifecycle ---------------------------------------------------------------------
+    # -- lifecycle -----------------------------------------------------------------------
 
-    def run(self, max_seconds: float | None = None) -> None:
-        deadline = None if max_seconds is None else time.monotonic() + max_seconds
-        log.info("edge_started", shards=self.settings.shards, shm_prefix=self.settings.shm_prefix)
+    def __enter__(self) -> Self:
+        """Connect and check Redis, the broker and the patch topic; create the views."""
+        with contextlib.ExitStack() as stack:
+            self._redis = self._connect_redis()
+            stack.callback(self._redis.close)
+            self._store = SnapshotStore(self._redis, self.settings.snapshot_prefix)
+            self._consumer = self._connect_kafka()
+            stack.callback(self._consumer.close)
+            self.writer = SharedIndexWriter(
+                self.settings.shm_prefix, self.settings.shards, len(self.layout.tables)
+            )
+            stack.callback(self.writer.close)
+            self._stack = stack.pop_all()
+        self._set_health("broker", True)
+        self._set_health("redis", True)
+        self._report()  # not ready until every shard is loaded and the stream drained
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stack.close()
+
+    def _connect_redis(self) -> redis.Redis:
+        shown = f"KVC_REDIS_URL={redact_url(self._redis_url)}"
         try:
-            while not self.stop.is_set():
-                if deadline is not None and time.monotonic() > deadline:
-                    break
-                self._load_missing()
-                if not self._assigned:
-                    if self.stop.wait(self.settings.bootstrap_retry_s):
-                        break
-                    continue
-                # Returns at the first message; the timeout only paces the idle loop.
-                messages = consume_ready(self._consumer, 1000, 0.05)
-                self._idle = not messages
-                for message in self._with_faults(messages):
-                    self._handle(message)
-                status = self.status()
-                self._m_ready.set(int(status.ready))
-                self._m_loaded.set(status.shards_loaded)
-                if messages:
-                    self._last_activity = time.monotonic()
-                elif time.monotonic() - self._last_activity >= self.settings.snapshot_check_s:
-                    self._check_against_snapshots()
-                    self._last_activity = time.monotonic()
-        finally:
-            self._consumer.close()
+            client = redis.Redis.from_url(
+                self._redis_url,
+                socket_connect_timeout=_CONNECT_TIMEOUT_S / 5,
+                socket_timeout=_CONNECT_TIMEOUT_S / 2,
+            )
+        except ValueError as exc:
+            raise ConfigError(f"{shown}: {exc}") from None
+        try:
+            client.ping()
+        except redis.RedisError as exc:
+            client.close()
+            raise Transient(f"Redis does not answer at {shown}: {exc}") from None
+        return client
 
-    def close(self) -> None:
-        """Unlink the shared-memory segments (after ``run`` returned)."""
-        self.writer.close()
+    def _connect_kafka(self) -> Consumer:
+        s = self.settings
+        shown = f"KVC_KAFKA_BOOTSTRAP={self._bootstrap}"
+        # Partitions are assigned by hand; the group id is only a client requirement.
+        config = consumer_config(
+            self._bootstrap,
+            f"kvc-edge-{s.shm_prefix}",
+            s.fetch_wait_ms,
+            # An offset the broker no longer has (it lost its log) restarts the
+            # partition from its beginning; the follower then resyncs on what it reads.
+            **{
+                "auto.offset.reset": "earliest",
+                "error_cb": self._on_kafka_error,
+                "logger": KafkaLog(),
+            },
+        )
+        try:
+            consumer = Consumer(config)
+        except KafkaException as exc:
+            raise ConfigError(f"{shown}: {exc.args[0]}") from None
+        try:
+            self._check_topic(consumer, _CONNECT_TIMEOUT_S)
+        except KafkaException as exc:
+            consumer.close()
+            raise Transient(f"the broker does not answer at {shown}: {exc.args[0]}") from None
+        except ConfigError:
+            consumer.close()
+            raise
+        return consumer
 
-    def status(self) -> EdgeStatus:
-        now = time.time_ns()
-        loaded = [s for s in self._shards if s.loaded]
-        lag = max(
-            ((now - s.last_produced_ns) / 1e6 for s in loaded if s.last_produced_ns),
-            default=0.0,
+    def _check_topic(self, consumer: Consumer, timeout: float) -> None:
+        """The patch topic exists with one partition per shard (KafkaException: no answer)."""
+        s = self.settings
+        topic = consumer.list_topics(s.topic_patches, timeout=timeout).topics.get(s.topic_patches)
+        if topic is None or topic.error is not None:
+            why = "missing" if topic is None else str(topic.error)
+            raise ConfigError(f"KVC_TOPIC_PATCHES={s.topic_patches}: topic {why}")
+        if len(topic.partitions) != s.shards:
+            raise ConfigError(
+                f"KVC_SHARDS={s.shards} but topic {s.topic_patches} has "
+                f"{len(topic.partitions)} partitions"
+            )
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Replay until ``stop`` is set; :class:`BrokerLost` when the broker stays away."""
+        s = self.settings
+        poll = self._wrap_source(lambda: consume_ready(self._consumer, 1000, 0.05))
+        self._last_progress = self._clock.monotonic()
+        log.info("edge_started", shards=s.shards, shm_prefix=s.shm_prefix)
+        while not stop.is_set():
+            if self._broker_down_since is not None:
+                self._await_broker()
+                stop.wait(_PROBE_S / 10)
+                continue
+            self._load_missing()
+            if not self._assigned:
+                self._consumer.poll(0)  # serves librdkafka's callbacks: a lost broker
+                self._report()
+                stop.wait(s.bootstrap_retry_s)
+                continue
+            messages = poll()
+            if not messages:
+                self._drained_at = self._clock.monotonic()
+            rewound: set[int] = set()
+            for message in messages:
+                if message.partition() not in rewound:
+                    self._handle(message, rewound)
+            if self._clock.monotonic() - self._last_progress >= s.snapshot_check_s:
+                self._check_against_snapshots()
+                self._last_progress = self._clock.monotonic()
+            self._report()
+        log.info("edge_stopped")
+
+    def _report(self) -> None:
+        loaded = sum(f.is_loaded for f in self.followers)
+        up = self._broker_down_since is None
+        self._set_health("shards_loaded", loaded == len(self.followers), f"{loaded} loaded")
+        drained = self._drained_at is not None and (
+            self._clock.monotonic() - self._drained_at < _CAUGHT_UP_WINDOW_S
         )
-        return EdgeStatus(
-            ready=len(loaded) == len(self._shards) and self._idle,
-            shards_loaded=len(loaded),
-            lag_ms=lag,
-            applied=sum(s.applied for s in self._shards),
-            resyncs=sum(s.resyncs for s in self._shards),
-            skipped=self._skipped,
-        )
+        self._set_health("caught_up", drained and up)
+        now_ns = self._clock.wall_ns()
+        lag_ns = max((f.lag_ns(now_ns) for f in self.followers), default=0)
+        self.metrics.lag.set(lag_ns / 1e6)
+        self.metrics.loaded.set(loaded)
+        self.metrics.ready.set(int(self.health.ready()))
+
+    def _set_health(self, name: str, ok: bool, detail: str = "") -> None:
+        if self.health.set(name, ok, detail):
+            log.info("readiness", condition=name, ok=ok, detail=detail)
+        if name == "broker":
+            self.metrics.broker_up.set(int(ok))
+        elif name == "redis":
+            self.metrics.redis_up.set(int(ok))
 
     # -- loading -------------------------------------------------------------------------
 
     def _load_missing(self) -> None:
-        missing = [i for i, s in enumerate(self._shards) if not s.loaded]
-        if not missing:
-            return
-        for shard in missing:
-            self._load(shard)
-        if all(s.loaded for s in self._shards) and not self._assigned:
+        now = self._clock.monotonic()
+        for shard, follower in enumerate(self.followers):
+            if not follower.is_loaded and now >= self._retry_at[shard] and not self._reload(shard):
+                self._retry_at[shard] = now + self.settings.bootstrap_retry_s
+        if not self._assigned and all(f.is_loaded for f in self.followers):
+            topic = self.settings.topic_patches
             self._consumer.assign(
-                [
-                    TopicPartition(self.settings.topic_patches, shard, self._resume_at[shard])
-                    for shard in range(self.settings.shards)
-                ]
+                [TopicPartition(topic, s, self._resume_at[s]) for s in range(len(self.followers))]
             )
             self._assigned = True
-            log.info("edge_bootstrapped", shards=self.settings.shards)
+            log.info("edge_bootstrapped", shards=len(self.followers))
 
     def _load(self, shard: int) -> bool:
-        """Load a shard's current snapshot into fresh segments; False if none exists."""
-        snapshot = self._store.load(shard, with_keys=False)
-        if snapshot is None:
+        """Load the shard's current snapshot into fresh segments; False if there is no
+        usable one (none yet, corrupt, or Redis down): the shard stays not ready."""
+        shard_log = self._logs[shard]
+        try:
+            snapshot = self._redis_call(partial(self._store.load, shard, with_keys=False))
+            if snapshot is None:
+                return False
+            snapshot.verify(
+                shard=shard, n_shards=self.settings.shards, topology_digest=self._digest
+            )
+        except SnapshotError as exc:
+            # Nothing was loaded: the shard keeps its old view, not ready, and retries.
+            self.metrics.refused.labels(str(shard)).inc()
+            shard_log.error("snapshot_refused", error=str(exc))
             return False
-        meta = snapshot.meta
         for table, image in sorted(snapshot.views.items()):
             self.writer.load_table(shard, table, image)
-        s = self._shards[shard]
-        s.loaded, s.epoch, s.next_seq = True, meta.epoch, meta.next_seq
+        meta = snapshot.meta
+        self.followers[shard].loaded(meta)
         self.writer.set_position(shard, meta.next_seq - 1, meta.epoch)
         self._resume_at[shard] = meta.patches_offset
-        log.info(
+        shard_log.info(
             "shard_loaded",
-            shard=shard,
             epoch=meta.epoch,
             next_seq=meta.next_seq,
+            owner=meta.owner,
             patches_offset=meta.patches_offset,
         )
         return True
 
-    def _check_against_snapshots(self) -> None:
-        """Reload every shard whose Redis snapshot is ahead of its view (anti-entropy)."""
-        for shard, s in enumerate(self._shards):
-            vkey = self._store.current(shard)
-            if vkey is None:
-                continue
-            meta = self._store.load_meta(vkey)
-            if (meta.epoch, meta.next_seq) > (s.epoch, s.next_seq):
-                self._resync(shard, f"snapshot at {meta.epoch}/{meta.next_seq} is ahead")
+    def _mark_not_ready(self, shard: int) -> None:
+        seq, epoch, _ = self.writer.position(shard)
+        self.writer.set_position(shard, seq, epoch, ready=False)
 
-    def _resync(self, shard: int, why: str) -> None:
-        s = self._shards[shard]
-        s.resyncs += 1
-        self._m_resyncs.labels(str(shard)).inc()
-        log.warning("shard_resync", shard=shard, reason=why)
-        if self._load(shard) and self._assigned:
-            self._rewind(shard, self._resume_at[shard])
+    def _resync(self, shard: int, cause: str, reason: str, rewound: set[int]) -> None:
+        """Reload the shard and re-read its partition from the snapshot's offset.
 
-    def _rewind(self, shard: int, offset: int) -> None:
-        tp = TopicPartition(self.settings.topic_patches, shard, offset)
+        ``cause`` (a metric label): ``stream`` (a gap or a new epoch), ``snapshot``
+        (anti-entropy), ``reload`` (a table reload failed), ``broker`` (it came back).
+        """
+        self.metrics.resyncs.labels(str(shard), cause).inc()
+        self._logs[shard].warning("shard_resync", cause=cause, reason=reason)
+        self.followers[shard].unload()
+        self._mark_not_ready(shard)
+        rewound.add(shard)  # the rest of this read is re-read after the reload
+        self._reload(shard)
+
+    def _reload(self, shard: int) -> bool:
+        """Load the shard's snapshot and, once streaming, re-read from its offset."""
+        if not self._load(shard):
+            return False
+        if self._assigned:
+            self._rewind(shard)
+        return True
+
+    def _rewind(self, shard: int) -> None:
+        tp = TopicPartition(self.settings.topic_patches, shard, self._resume_at[shard])
         try:
             self._consumer.seek(tp)
         except KafkaException:
@@ -215,79 +345,163 @@ class EdgeReplayer:
             self._consumer.incremental_unassign([tp])
             self._consumer.incremental_assign([tp])
 
-    # -- the stream ------------------------------------------------------------------------
+    def _check_against_snapshots(self) -> None:
+        """Anti-entropy: reload shards whose snapshot is ahead or has another writer."""
+        for shard, follower in enumerate(self.followers):
+            if not follower.is_loaded:
+                continue
+            try:
+                meta = self._redis_call(partial(self._current_meta, shard))
+            except SnapshotError as exc:  # superseded while read, or corrupt: next round
+                self._logs[shard].warning("snapshot_unreadable", error=str(exc))
+                continue
+            if meta is None:
+                continue
+            check = follower.compare(meta)
+            if check is SnapshotCheck.OWNER_CHANGED:
+                old = follower.position.owner if follower.position else ""
+                self._logs[shard].warning("snapshot_owner_changed", old=old, new=meta.owner)
+            if check is not SnapshotCheck.CURRENT:
+                why = f"snapshot at {meta.epoch}/{meta.next_seq} by {meta.owner!r}: {check.value}"
+                self._resync(shard, "snapshot", why, set())
 
-    def _with_faults(self, messages: list[Message]) -> Iterator[Message]:
-        s = self.settings
-        if not (s.fault_drop or s.fault_duplicate or s.fault_reorder):
-            yield from messages
+    def _current_meta(self, shard: int) -> SnapshotMeta | None:
+        vkey = self._store.current(shard)
+        return None if vkey is None else self._store.load_meta(vkey)
+
+    # -- Redis -------------------------------------------------------------------------
+
+    def _redis_call(self, call: Callable[[], T | None]) -> T | None:
+        """``call()``, or None while Redis is unreachable (then retried with backoff);
+        a failure other than Redis's (a corrupt snapshot) propagates."""
+        now = self._clock.monotonic()
+        if not self._redis_backoff.due(now):
+            return None
+        try:
+            value = call()
+        except _REDIS_ERRORS as exc:
+            self.metrics.redis_errors.inc()
+            self._redis_backoff.failed(now)
+            self._set_health("redis", False, str(exc))
+            return None
+        self._redis_backoff.succeeded()
+        self._set_health("redis", True)
+        return value
+
+    # -- the broker --------------------------------------------------------------------
+
+    def _on_kafka_error(self, error: KafkaError) -> None:
+        """librdkafka's error callback (runs inside poll calls, on this thread)."""
+        if error.code() == KafkaError._ALL_BROKERS_DOWN:
+            self._broker_lost(str(error))
+        else:
+            log.debug("kafka_error", error=str(error))
+
+    def _broker_lost(self, reason: str) -> None:
+        if self._broker_down_since is not None:
             return
-        rng = self._faults
-        for message in messages:
-            if rng.random() < s.fault_drop:
-                continue
-            if self._held is None and rng.random() < s.fault_reorder:
-                self._held = message
-                continue
-            yield message
-            if rng.random() < s.fault_duplicate:
-                yield message
-            if self._held is not None:
-                held, self._held = self._held, None
-                yield held
-        if self._held is not None and not messages:
-            held, self._held = self._held, None
-            yield held
+        self._broker_down_since = self._clock.monotonic()
+        self._next_probe = self._broker_down_since + _PROBE_S
+        for shard in range(len(self.followers)):
+            self._mark_not_ready(shard)
+        log.error("broker_lost", error=reason, exit_after_s=self.settings.broker_timeout_s)
+        self._set_health("broker", False, reason)
+        self._report()
 
-    def _handle(self, message: Message) -> None:
+    def _await_broker(self) -> None:
+        """While the broker is lost: probe it; give up past ``broker_timeout_s``."""
+        assert self._broker_down_since is not None
+        now = self._clock.monotonic()
+        down_s = now - self._broker_down_since
+        if down_s > self.settings.broker_timeout_s:
+            raise BrokerLost(
+                f"the broker at KVC_KAFKA_BOOTSTRAP={self._bootstrap} did not answer for "
+                f"{down_s:.0f} s (KVC_BROKER_TIMEOUT_S={self.settings.broker_timeout_s:g})"
+            )
+        if now < self._next_probe:
+            return
+        self._next_probe = now + _PROBE_S
+        try:
+            self._check_topic(self._consumer, _PROBE_S)
+        except KafkaException:
+            return
+        except ConfigError as exc:
+            raise BrokerLost(f"the broker came back without its log ({exc})") from None
+        # The broker may have lost its log (memory storage): every view reloads its
+        # snapshot and re-reads from the snapshot's offset (or from the log's start).
+        log.info("broker_back", down_s=round(down_s, 1))
+        self._broker_down_since = None
+        self._set_health("broker", True)
+        rewound: set[int] = set()
+        for shard in range(len(self.followers)):
+            self._resync(shard, "broker", "the broker came back", rewound)
+
+    # -- the stream ----------------------------------------------------------------------
+
+    def _handle(self, message: Message, rewound: set[int]) -> None:
         error = message.error()
         if error is not None:
-            if error.code() != KafkaError._PARTITION_EOF:
-                log.warning("consume_error", error=str(error))
+            if error.code() == KafkaError._ALL_BROKERS_DOWN:
+                self._broker_lost(str(error))
+            elif error.code() != KafkaError._PARTITION_EOF:
+                log.warning("consume_error", error=str(error), partition=message.partition())
             return
+        partition = message.partition()
+        if partition is None or not 0 <= partition < len(self.followers):
+            return  # never assigned; librdkafka delivers only assigned partitions
+        shard_log = self._logs[partition]
         try:
             batch = decode(message.value() or b"", PatchBatch)
         except WireError as exc:
-            self._skipped += 1
-            log.error("patch_undecodable", offset=message.offset(), error=str(exc))
+            self.metrics.rejected.inc()
+            shard_log.error("patch_undecodable", offset=message.offset(), error=str(exc))
             return
-        s = self._shards[batch.shard]
-        if (batch.epoch, batch.seq) < (s.epoch, s.next_seq):
-            self._skipped += 1  # a duplicate, or a batch the snapshot already holds
-            return
-        if batch.epoch != s.epoch or batch.seq != s.next_seq:
-            self._resync(
-                batch.shard,
-                f"expected epoch {s.epoch} seq {s.next_seq}, got {batch.epoch}/{batch.seq}",
-            )
-            s = self._shards[batch.shard]
-            if (batch.epoch, batch.seq) != (s.epoch, s.next_seq):
-                return  # re-read from the snapshot's offset
-        self._apply(batch)
+        follower = self.followers[partition]
+        if not follower.is_loaded:
+            return  # waits for a reload, which re-reads from the snapshot's offset
+        verdict = follower.offer(batch)
+        if verdict is Verdict.APPLY:
+            self._apply(partition, batch, rewound)
+        elif verdict is Verdict.SKIP:
+            self.metrics.skipped.inc()
+        elif verdict is Verdict.RESYNC:
+            pos = follower.position
+            want = f"{pos.epoch}/{pos.next_seq}" if pos else "a snapshot"
+            why = f"expected {want}, got {batch.epoch}/{batch.seq}"
+            self._resync(partition, "stream", why, rewound)
+        elif verdict is Verdict.IGNORE_FOREIGN:
+            self.metrics.foreign.inc()
+            if batch.owner not in self._foreign_owners:
+                self._foreign_owners.add(batch.owner)
+                following = follower.position.owner if follower.position else ""
+                shard_log.warning("foreign_patches_ignored", owner=batch.owner, following=following)
+        else:
+            self.metrics.rejected.inc()
+            shard_log.error("patch_misrouted", batch_shard=batch.shard, offset=message.offset())
 
-    def _apply(self, batch: PatchBatch) -> None:
-        shard = batch.shard
+    def _apply(self, shard: int, batch: PatchBatch, rewound: set[int]) -> None:
         patches: dict[int, TablePatch] = {}
         for entry in batch.tables:
-            if isinstance(entry.patch, TableReload):
-                try:
-                    image = self._store.load_view(entry.patch.snapshot_key, entry.table_id)
-                except SnapshotError as exc:
-                    self._resync(shard, str(exc))
-                    return
-                self.writer.load_table(shard, entry.table_id, image)
-            else:
+            if not isinstance(entry.patch, TableReload):
                 patches[entry.table_id] = entry.patch
+                continue
+            load = partial(self._store.load_view, entry.patch.snapshot_key, entry.table_id)
+            try:
+                image = self._redis_call(load)
+            except SnapshotError:
+                image = None  # superseded twice already: the current snapshot has it
+            if image is None:
+                why = f"table {entry.table_id}: reload image unavailable"
+                self._resync(shard, "reload", why, rewound)
+                return
+            self.writer.load_table(shard, entry.table_id, image)
         if patches:
             try:
                 self.writer.apply(shard, patches)
             except GenerationMismatch as exc:
-                self._resync(shard, str(exc))
+                self._resync(shard, "reload", str(exc), rewound)
                 return
-        s = self._shards[shard]
-        s.next_seq = batch.seq + 1
-        s.last_produced_ns = batch.produced_at_ns
-        s.applied += 1
+        self.followers[shard].applied(batch)
         self.writer.set_position(shard, batch.seq, batch.epoch)
-        self._m_applied.inc()
-        self._m_lag.set(max(0.0, (time.time_ns() - batch.produced_at_ns) / 1e6))
+        self.metrics.applied.inc()
+        self._last_progress = self._clock.monotonic()

@@ -11,33 +11,33 @@ __all__ = ["EdgeSettings"]
 
 @dataclass(frozen=True, kw_only=True)
 class EdgeSettings(PipelineSettings):
-    """Where the views live and how the patch stream is replayed."""
+    """Where the views live, how the patch stream is replayed, when to give up."""
 
     shm_prefix: str = setting("kvc-edge", "Name prefix of the shared-memory segments.")
     bootstrap_retry_s: float = setting(
-        0.2, "Seconds between attempts to load a shard that has no snapshot yet."
+        0.2,
+        "Seconds between attempts to load a shard that has no usable snapshot yet; also "
+        "the first wait before retrying an unreachable Redis.",
+    )
+    redis_retry_max_s: float = setting(
+        5.0, "Longest wait between attempts to reach Redis (the wait doubles per failure)."
     )
     snapshot_check_s: float = setting(
         2.0,
-        "When the stream is idle this long, compare each shard with its Redis snapshot "
-        "and reload shards that fell behind (a lost final batch has no successor to "
-        "reveal the gap).",
+        "When no batch was applied for this long, compare each shard with its Redis "
+        "snapshot and reload shards that fell behind (a lost final batch has no successor "
+        "to reveal the gap) or whose snapshot has another writer now.",
     )
-    fault_drop: float = setting(0.0, "Fault injection: probability to drop a patch batch.")
-    fault_duplicate: float = setting(
-        0.0, "Fault injection: probability to apply a patch batch twice."
+    broker_timeout_s: float = setting(
+        30.0,
+        "Exit non-zero when the broker stays unreachable this long (views are not ready "
+        "meanwhile); a supervisor restarts the edge.",
     )
-    fault_reorder: float = setting(
-        0.0, "Fault injection: probability to swap a patch batch with the next one."
-    )
-    fault_seed: int = setting(0, "Seed of the fault-injection random stream.")
 
     def validate(self) -> None:
         super().validate()
-        for name in ("fault_drop", "fault_duplicate", "fault_reorder"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise self.invalid(name, "must be a probability in [0, 1)")
-        if self.snapshot_check_s <= 0:
-            raise self.invalid("snapshot_check_s", "must be positive")
-        if self.bootstrap_retry_s <= 0:
-            raise self.invalid("bootstrap_retry_s", "must be positive")
+        for name in ("bootstrap_retry_s", "redis_retry_max_s", "snapshot_check_s"):
+            if getattr(self, name) <= 0:
+                raise self.invalid(name, "must be positive")
+        if self.broker_timeout_s <= 0:
+            raise self.invalid("broker_timeout_s", "must be positive")

@@ -22,13 +22,43 @@ class MaintenanceMetrics:
         self.duplicates = Counter(
             "kvc_mu_duplicates_dropped", "Redelivered batches dropped.", registry=r
         )
+        self.worker_restarts = Counter(
+            "kvc_mu_worker_restarts",
+            "Batches of a new worker incarnation (its sequence numbers start over).",
+            registry=r,
+        )
         self.dead_letters = Counter(
-            "kvc_mu_dead_letters", "Messages sent to the dead-letter topic.", ["reason"], registry=r
+            "kvc_mu_dead_letters",
+            "Messages sent to the dead-letter topic, by reason (wire, event, sequence).",
+            ["reason"],
+            registry=r,
         )
         self.patch_batches = Counter("kvc_mu_patch_batches", "Patch batches published.", registry=r)
         self.patch_bytes = Counter("kvc_mu_patch_bytes", "Bytes of patch batches.", registry=r)
         self.snapshots = Counter("kvc_mu_snapshots", "Shard snapshots written.", registry=r)
+        self.snapshot_failures = Counter(
+            "kvc_mu_snapshot_failures", "Snapshots postponed because Redis failed.", registry=r
+        )
         self.snapshot_age = Gauge(
             "kvc_mu_snapshot_age_seconds", "Age of the oldest owned shard snapshot.", registry=r
+        )
+        self.lost_snapshots = Counter(
+            "kvc_mu_lost_snapshots",
+            "Takeovers of a shard with a history but no usable snapshot (rebuilt from the log).",
+            registry=r,
+        )
+        self.events_gone = Counter(
+            "kvc_mu_events_gone",
+            "kvc.events offsets a takeover needed that the log no longer holds.",
+            registry=r,
+        )
+        self.foreign_patches = Counter(
+            "kvc_mu_foreign_patches",
+            "Patch batches of another owner found on this unit's patch partitions.",
+            registry=r,
+        )
+        self.redis_up = Gauge("kvc_mu_redis_up", "1 while Redis answers, else 0.", registry=r)
+        self.broker_up = Gauge(
+            "kvc_mu_broker_up", "1 while the broker answers, else 0.", registry=r
         )
         self.owned_shards = Gauge("kvc_mu_owned_shards", "Shards this unit owns.", registry=r)

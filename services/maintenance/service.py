@@ -1,40 +1,57 @@
-"""The maintenance unit's consume–apply–publish loop.
+"""The maintenance unit: Kafka and Redis around one :class:`ShardWriter` per owned shard.
 
-One consumer group over ``kvc.events``; every assigned partition is a shard this unit now
-writes. On assignment it restores the shard's Redis snapshot (or starts empty), bumps the
-shard epoch, snapshots again, and resumes at the snapshot's offset + 1 (never at the
-group's committed offset, which may be ahead of what the snapshot holds). Events are
-applied as they come; once a shard's part of a short read is applied (or every
-``flush_ms`` under load) the touched tables' patches go to the shard's partition of
-``kvc.patches``. Snapshots are written periodically, on revocation and on
-shutdown, each after the producer has delivered every earlier patch batch, and only
-then are ``kvc.events`` offsets committed. A crash at any point therefore replays from
-the last snapshot: nothing acknowledged is lost and redeliveries are dropped by the
-per-worker sequence numbers.
+The writers decide everything (:mod:`kvcompass.pipeline.writer`); this module only moves
+messages. One consumer group reads ``kvc.events``; every assigned partition is a shard
+this unit now writes. On assignment it loads the shard's snapshot from Redis, reads the
+shard's patch partition to its end (the epochs there fence the takeover even when Redis
+lost everything), lets the writer take over, stores the new epoch's snapshot and
+publishes the writer's announcement. Events are staged as they come and flushed into
+patch batches when a read comes back short (caught up) or every ``flush_ms`` under load.
+Snapshots go to Redis periodically, on revocation and on shutdown, and only then are
+``kvc.events`` offsets committed.
+
+Failures, by the error model (:mod:`kvcompass.errors`):
+
+- a batch the writer refuses (:class:`~kvcompass.errors.BadInput`) goes to the dead-letter
+  topic with the reason, and the unit moves on;
+- Redis down: the unit keeps consuming and publishing patches; snapshots (and so offset
+  commits) wait, retried with a doubling backoff, one log line per change of state;
+- anything else (an :class:`~kvcompass.errors.InvariantBroken`, a bug) ends ``run`` at
+  once: nothing is snapshotted or committed, the next owner restores the last good
+  snapshot and replays, and the sequence numbers drop what was already applied.
 """
 
 from __future__ import annotations
 
 import threading
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self, TypeVar
 
 import redis
 import structlog
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from prometheus_client import CollectorRegistry
 
+from kvcompass.errors import BadInput, ConfigError, Transient
+from kvcompass.index.errors import SnapshotError
 from kvcompass.index.ludo import compile_write_kernel
-from kvcompass.maintenance import BadEvent, Flush, ShardState
+from kvcompass.pipeline.clock import Clock, SystemClock
+from kvcompass.pipeline.sequences import Admission, SequenceRefused
+from kvcompass.pipeline.writer import ShardWriter
+from kvcompass.services.health import Health
 from kvcompass.services.kafka import consume_ready, consumer_config, producer_config
 from kvcompass.services.maintenance.metrics import MaintenanceMetrics
 from kvcompass.services.maintenance.settings import MaintenanceSettings
+from kvcompass.services.maintenance.stream import read_tail
 from kvcompass.services.snapstore import SnapshotStore
+from kvcompass.settings import redact_url
+from kvcompass.snapshot import ShardSnapshot
 from kvcompass.topology import Topology
 from kvcompass.wire import (
     DeadLetter,
     KVEventBatch,
     PatchBatch,
-    TablePatchWire,
     TableReload,
     WireError,
     decode,
@@ -45,19 +62,47 @@ __all__ = ["MaintenanceUnit"]
 
 log = structlog.get_logger("kvcompass.mu")
 
+T = TypeVar("T")
+
 _CONSUME_BATCH = 500
+#: How long start-up checks and takeover reads wait for the broker.
+_BROKER_TIMEOUT_S = 10.0
+_BACKOFF_FIRST_S = 0.25
+_BACKOFF_MAX_S = 5.0
+_BROKER_DOWN = frozenset({KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT})
 
 
 @dataclass
 class _Owned:
-    state: ShardState
-    last_snapshot: float = field(default_factory=time.monotonic)
+    writer: ShardWriter
+    log: Any  # structlog's bound logger, bound to the shard
+    last_snapshot: float
     pending_keys: int = 0
     read: bool = False  # read events since the last flush (flushing others finds nothing)
 
 
+class _Backoff:
+    """When a failing dependency may be tried again: doubling delays, reset by a success."""
+
+    def __init__(self) -> None:
+        self.delay = 0.0
+        self._next_try = 0.0
+
+    def ready(self, now: float) -> bool:
+        return now >= self._next_try
+
+    def failed(self, now: float) -> None:
+        self.delay = min(max(2 * self.delay, _BACKOFF_FIRST_S), _BACKOFF_MAX_S)
+        self._next_try = now + self.delay
+
+    def succeeded(self) -> None:
+        self.delay = self._next_try = 0.0
+
+
 class MaintenanceUnit:
-    """Owns the shards the group assigns it; ``run`` until ``stop`` is set."""
+    """Owns the shards the group assigns it. Use as a context manager around :meth:`run`:
+    entering connects and checks the broker, the topics and Redis (one ConfigError or
+    Transient naming the setting); leaving closes every client."""
 
     def __init__(
         self,
@@ -66,135 +111,297 @@ class MaintenanceUnit:
         *,
         kafka_bootstrap: str,
         redis_url: str,
-        metrics: MaintenanceMetrics | None = None,
+        health: Health | None = None,
+        registry: CollectorRegistry | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.settings = settings
         self.topology = topology
-        self.metrics = metrics or MaintenanceMetrics()
-        self.stop = threading.Event()
+        self.owner = f"{settings.group_id}/{settings.snapshot_prefix}"
+        self.health = health or Health()
+        self.metrics = MaintenanceMetrics(registry or CollectorRegistry())
         self.owned: dict[int, _Owned] = {}
-        self._store = SnapshotStore(redis.Redis.from_url(redis_url), settings.snapshot_prefix)
-        self._consumer = Consumer(
-            consumer_config(
-                kafka_bootstrap,
-                settings.group_id,
-                settings.fetch_wait_ms,
-                **{
-                    "auto.offset.reset": "earliest",
-                    "session.timeout.ms": settings.session_timeout_ms,
-                    "heartbeat.interval.ms": max(100, settings.session_timeout_ms // 6),
-                },
-            )
-        )
-        self._producer = Producer(producer_config(kafka_bootstrap))
-        self._last_flush = time.monotonic()
+        self._bootstrap = kafka_bootstrap
+        self._redis_url = redis_url
+        self._clock = clock or SystemClock()
+        self._stop = threading.Event()
+        self._redis: redis.Redis | None = None
+        self._store: SnapshotStore | None = None
+        self._producer: Producer | None = None
+        self._consumer: Consumer | None = None
+        self._tail: Consumer | None = None
+        self._redis_backoff = _Backoff()
+        # Set once run() fails: from then on nothing may be persisted, not even by the
+        # revocation that closing the consumer triggers.
+        self._crashed = False
+        self._last_flush = 0.0
 
     # -- lifecycle -------------------------------------------------------------------
 
-    def run(self, max_seconds: float | None = None) -> None:
-        """Consume and apply until ``stop`` is set (or ``max_seconds`` pass), then drain."""
+    def __enter__(self) -> Self:
+        try:
+            self._open()
+        except BaseException:
+            self._close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is not None and not self._crashed:
+            self._crashed = True
+        self._close()
+
+    def _open(self) -> None:
         s = self.settings
+        try:
+            self._redis = redis.Redis.from_url(
+                self._redis_url, socket_connect_timeout=2.0, socket_timeout=5.0
+            )
+        except ValueError as exc:
+            raise ConfigError(f"KVC_REDIS_URL={redact_url(self._redis_url)!r}: {exc}") from None
+        try:
+            self._redis.ping()
+        except redis.RedisError as exc:
+            raise Transient(
+                f"KVC_REDIS_URL={redact_url(self._redis_url)!r}: Redis did not answer ({exc})"
+            ) from None
+        self._set_redis(True, "")
+        self._store = SnapshotStore(self._redis, s.snapshot_prefix)
+        try:
+            self._producer = Producer(
+                producer_config(self._bootstrap, error_cb=self._on_client_error)
+            )
+        except KafkaException as exc:
+            raise ConfigError(f"KVC_KAFKA_BOOTSTRAP={self._bootstrap!r}: {exc}") from None
+        self._check_topics(self._producer)
         # Load (or, on a new machine, compile) the index write path before joining the
         # group, so the first events after an assignment are not held up by it.
-        started = time.monotonic()
+        started = self._clock.monotonic()
         compile_write_kernel()
-        log.info("write_kernel_ready", seconds=round(time.monotonic() - started, 2))
-        deadline = None if max_seconds is None else time.monotonic() + max_seconds
-        self._consumer.subscribe(
+        log.info("write_kernel_ready", seconds=round(self._clock.monotonic() - started, 2))
+        self._consumer = Consumer(
+            consumer_config(
+                self._bootstrap,
+                s.group_id,
+                s.fetch_wait_ms,
+                **{
+                    "auto.offset.reset": "earliest",
+                    "session.timeout.ms": s.session_timeout_ms,
+                    "heartbeat.interval.ms": max(100, s.session_timeout_ms // 6),
+                    "error_cb": self._on_client_error,
+                },
+            )
+        )
+        # Reads patch partitions at takeover; assigned explicitly, never joins a group.
+        self._tail = Consumer(
+            consumer_config(self._bootstrap, f"{s.group_id}.tail", s.fetch_wait_ms)
+        )
+
+    def _check_topics(self, producer: Producer) -> None:
+        """The topics exist, and the shard count is the partition count of both."""
+        s = self.settings
+        try:
+            metadata = producer.list_topics(timeout=_BROKER_TIMEOUT_S)
+        except KafkaException as exc:
+            raise Transient(
+                f"KVC_KAFKA_BOOTSTRAP={self._bootstrap!r}: no broker answered within "
+                f"{_BROKER_TIMEOUT_S:g} s ({exc})"
+            ) from None
+        self._set_broker(True, "")
+        wanted = [
+            ("KVC_TOPIC_EVENTS", s.topic_events, s.shards),
+            ("KVC_TOPIC_PATCHES", s.topic_patches, s.shards),
+            ("KVC_TOPIC_EVENTS_DLQ", s.topic_events_dlq, None),
+        ]
+        for variable, topic, partitions in wanted:
+            found = metadata.topics.get(topic)
+            if found is None or found.error is not None:
+                raise ConfigError(f"{variable}={topic!r}: no such topic on {self._bootstrap}")
+            if partitions is not None and len(found.partitions) != partitions:
+                raise ConfigError(
+                    f"KVC_SHARDS={partitions} but topic {topic!r} has "
+                    f"{len(found.partitions)} partitions"
+                )
+
+    def _close(self) -> None:
+        for consumer in (self._consumer, self._tail):
+            if consumer is not None:
+                consumer.close()
+        self._consumer = self._tail = None
+        if self._producer is not None:
+            # Batches already produced describe state as it was; deliver what we can.
+            remaining = self._producer.flush(min(5.0, self.settings.drain_timeout_s))
+            if remaining:
+                log.error("patches_undelivered_at_exit", count=remaining)
+            self._producer = None
+        if self._redis is not None:
+            self._redis.close()
+            self._redis = None
+        if self._crashed and self.owned:
+            log.error("mu_exit_without_snapshot", shards=sorted(self.owned))
+        self.owned.clear()
+
+    def run(self, stop: threading.Event) -> None:
+        """Consume and apply until ``stop`` is set, then drain within ``drain_timeout_s``
+        (flush, snapshot, commit every owned shard; leave the group)."""
+        s = self.settings
+        consumer = _opened(self._consumer)
+        self._stop = stop
+        consumer.subscribe(
             [s.topic_events],
             on_assign=self._on_assign,
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
         )
-        log.info("mu_started", group=s.group_id, topic=s.topic_events)
+        self.health.set("shards_loaded", False, "waiting for the group's assignment")
+        log.info("mu_started", group=s.group_id, topic=s.topic_events, owner=self.owner)
         try:
-            while not self.stop.is_set():
-                if deadline is not None and time.monotonic() > deadline:
-                    break
-                messages = consume_ready(self._consumer, _CONSUME_BATCH, s.flush_ms / 1000)
+            while not stop.is_set():
+                messages = consume_ready(consumer, _CONSUME_BATCH, s.flush_ms / 1000)
                 # A short read means the unit is caught up: publish now rather than
                 # wait out the window; under load the window coalesces writes.
                 caught_up = len(messages) < _CONSUME_BATCH
+                self.health.set("caught_up", caught_up)
                 self._apply_read(messages, flush_runs=caught_up)
                 self._maybe_flush(force=caught_up)
                 self._maybe_snapshot()
-        finally:
             self._drain()
+        except BaseException:
+            self._crashed = True
+            raise
 
     def _drain(self) -> None:
-        """Flush, snapshot and commit every owned shard, then leave the group."""
-        started = time.monotonic()
+        started = self._clock.monotonic()
+        deadline = started + self.settings.drain_timeout_s
         for shard in list(self.owned):
-            self._release(shard, snapshot=True)
-        self._consumer.close()
-        log.info("mu_stopped", drain_s=round(time.monotonic() - started, 3))
+            self._release(shard, deadline)
+        _opened(self._consumer).close()  # leaves the group now, not at exit
+        self._consumer = None
+        log.info("mu_stopped", drain_s=round(self._clock.monotonic() - started, 3))
 
     # -- rebalancing -------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.health.set("shards_loaded", False, f"taking over {len(partitions)} shards")
         for tp in partitions:
-            state = self._restore(tp.partition)
-            state.epoch += 1
-            state.next_seq = 0
-            self._store.save(state.snapshot(time.time_ns()))
-            self.owned[tp.partition] = _Owned(state)
-            self._announce_epoch(state)
-            tp.offset = state.events_offset + 1
-            log.info(
-                "shard_assigned",
-                shard=tp.partition,
-                epoch=state.epoch,
-                resume_offset=tp.offset,
-                keys=sum(len(t) for t in state.tables.values()),
-            )
+            tp.offset = self._take_over(tp.partition)
         consumer.assign(partitions)
+        self.health.set("shards_loaded", True)
         self.metrics.owned_shards.set(len(self.owned))
 
-    def _announce_epoch(self, state: ShardState) -> None:
-        """Batch 0 of a new epoch, without tables: edges reload the shard right away
-        instead of at its next write (an idle shard might have none for a long time)."""
-        batch = PatchBatch(
-            shard=state.shard,
-            epoch=state.epoch,
-            seq=state.next_seq,
-            events_from=state.events_offset + 1,
-            events_to=state.events_offset,
-            produced_at_ns=time.time_ns(),
+    def _take_over(self, shard: int) -> int:
+        """Become the shard's writer; returns the ``kvc.events`` offset to resume at."""
+        s = self.settings
+        slog = log.bind(shard=shard)
+        snapshot = self._load_snapshot(shard, slog)
+        writer = ShardWriter(
+            shard,
+            s.shards,
+            self.topology,
+            owner=self.owner,
+            clock=self._clock,
+            max_seq_jump=s.max_seq_jump,
+            initial_capacity=s.initial_capacity,
         )
-        self._producer.produce(self.settings.topic_patches, encode(batch), partition=state.shard)
-        state.next_seq += 1
+        start = 0
+        if snapshot is not None:
+            try:
+                writer.check_meta(snapshot.meta)
+                start = snapshot.meta.patches_offset
+            except (SnapshotError, BadInput):
+                pass  # take_over refuses it again and says why; read the whole stream
+        tail = read_tail(
+            _opened(self._tail),
+            s.topic_patches,
+            shard,
+            start,
+            self.owner,
+            quiet_s=max(0.3, 3 * s.fetch_wait_ms / 1000),
+            timeout_s=_BROKER_TIMEOUT_S * 3,
+        )
+        if tail.foreign:
+            slog.warning("foreign_patches", count=tail.foreign, topic=s.topic_patches)
+            self.metrics.foreign_patches.inc(tail.foreign)
+        events = TopicPartition(s.topic_events, shard)
+        try:
+            low, _ = _opened(self._tail).get_watermark_offsets(events, timeout=_BROKER_TIMEOUT_S)
+            committed = _opened(self._consumer).committed([events], timeout=_BROKER_TIMEOUT_S)
+        except KafkaException as exc:
+            raise Transient(f"broker did not answer while taking over shard {shard}") from exc
+        takeover = writer.take_over(
+            snapshot,
+            stream_epoch=tail.epoch,
+            stream_end=tail.end,
+            committed=committed[0].offset >= 0,
+            events_low=low,
+        )
+        if takeover.snapshot_refused:
+            slog.error("snapshot_refused", reason=takeover.snapshot_refused)
+        if takeover.snapshot_lost:
+            slog.error("snapshot_lost", rebuild_from_offset=takeover.resume_offset)
+            self.metrics.lost_snapshots.inc()
+        if takeover.events_gone:
+            slog.error("events_gone", count=takeover.events_gone, resume=takeover.resume_offset)
+            self.metrics.events_gone.inc(takeover.events_gone)
+        owned = _Owned(writer, slog, last_snapshot=self._clock.monotonic())
+        self.owned[shard] = owned
+        # Edges that reload on the announcement must find the new epoch's snapshot.
+        self._snapshot(shard, deadline=None, commit=False)
+        self._publish(owned, takeover.announce)
+        slog.info(
+            "shard_assigned",
+            epoch=writer.epoch,
+            stream_epoch=tail.epoch,
+            resume_offset=takeover.resume_offset,
+            restored=takeover.restored,
+            keys=writer.tables.count,
+        )
+        return takeover.resume_offset
+
+    def _load_snapshot(self, shard: int, slog: Any) -> ShardSnapshot | None:
+        """The shard's current snapshot (None: none, or unreadable); waits out Redis."""
+        store = _opened(self._store)
+        while True:
+            try:
+                snapshot = store.load(shard)
+            except SnapshotError as exc:
+                slog.error("snapshot_refused", reason=str(exc))
+                return None
+            except redis.RedisError as exc:
+                self._redis_failed(exc)
+                if self._stop.wait(self._redis_backoff.delay):
+                    raise Transient(f"Redis unreachable while taking over shard {shard}") from exc
+                continue
+            self._redis_ok()
+            return snapshot
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self._crashed:
+            return  # persist nothing
+        deadline = self._clock.monotonic() + self.settings.drain_timeout_s
         for tp in partitions:
             if tp.partition in self.owned:
-                self._release(tp.partition, snapshot=True)
+                self._release(tp.partition, deadline)
         self.metrics.owned_shards.set(len(self.owned))
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Another unit may already own these: writing a snapshot now could clobber its.
         for tp in partitions:
-            self.owned.pop(tp.partition, None)
-            log.warning("shard_lost", shard=tp.partition)
+            if self.owned.pop(tp.partition, None) is not None:
+                log.warning("shard_lost", shard=tp.partition)
         self.metrics.owned_shards.set(len(self.owned))
 
-    def _restore(self, shard: int) -> ShardState:
-        snapshot = self._store.load(shard)
-        if snapshot is None:
-            return ShardState(
-                shard,
-                self.settings.shards,
-                self.topology,
-                initial_capacity=self.settings.initial_capacity,
-            )
-        return ShardState.from_snapshot(snapshot, self.settings.shards, self.topology)
-
-    def _release(self, shard: int, *, snapshot: bool) -> None:
+    def _release(self, shard: int, deadline: float) -> None:
         owned = self.owned[shard]
         self._flush(shard)
-        if snapshot:
-            self._snapshot(shard)
+        self._snapshot(shard, deadline=deadline, commit=True)
         del self.owned[shard]
-        log.info("shard_released", shard=shard, epoch=owned.state.epoch)
+        owned.log.info("shard_released", epoch=owned.writer.epoch)
 
     # -- events ------------------------------------------------------------------------
 
@@ -208,7 +415,7 @@ class MaintenanceUnit:
             run_ends = i + 1 == len(messages) or messages[i + 1].partition() != shard
             owned = None if shard is None else self.owned.get(shard)
             if flush_runs and run_ends and owned is not None and owned.read:
-                self._flush(owned.state.shard)
+                self._flush(owned.writer.shard)
 
     def _handle(self, message: Message) -> None:
         error = message.error()
@@ -216,148 +423,213 @@ class MaintenanceUnit:
             if error.code() != KafkaError._PARTITION_EOF:
                 log.warning("consume_error", error=str(error))
             return
+        self._set_broker(True, "")
         shard = message.partition()
         offset = message.offset()
         owned = None if shard is None else self.owned.get(shard)
         if owned is None or offset is None:
             return  # a message fetched just before a revocation
         owned.read = True
-        payload = message.value() or b""
         try:
-            batch = decode(payload, KVEventBatch)
-            applied = owned.state.stage(batch, offset)  # written at the next flush
-        except (WireError, BadEvent) as exc:
-            self._dead_letter(message, str(exc), "wire" if isinstance(exc, WireError) else "bad")
-            owned.state.skip(offset)
+            batch = decode(message.value() or b"", KVEventBatch)
+            admission = owned.writer.stage(batch, offset)  # written at the next flush
+        except BadInput as exc:
+            self._dead_letter(owned, message, exc)
+            owned.writer.skip(offset)
             return
-        if applied:
-            self.metrics.events_applied.labels(str(shard)).inc()
-            self.metrics.keys_applied.inc(batch.n_keys)
-            owned.pending_keys += batch.n_keys
-        else:
+        if admission is Admission.DUPLICATE:
             self.metrics.duplicates.inc()
+            return
+        if admission is Admission.RESTART:
+            owned.log.info(
+                "worker_restarted", worker=batch.worker_id, incarnation=batch.worker_incarnation
+            )
+            self.metrics.worker_restarts.inc()
+        self.metrics.events_applied.labels(str(shard)).inc()
+        self.metrics.keys_applied.inc(batch.n_keys)
+        owned.pending_keys += batch.n_keys
 
-    def _dead_letter(self, message: Message, reason: str, kind: str) -> None:
+    def _dead_letter(self, owned: _Owned, message: Message, exc: BadInput) -> None:
+        reason = (
+            "wire"
+            if isinstance(exc, WireError)
+            else "sequence"
+            if isinstance(exc, SequenceRefused)
+            else "event"
+        )
         letter = DeadLetter(
             topic=message.topic() or self.settings.topic_events,
             partition=message.partition() or 0,
             offset=message.offset() or 0,
-            reason=reason,
+            reason=str(exc),
             payload=message.value() or b"",
         )
-        self._producer.produce(self.settings.topic_events_dlq, encode(letter), partition=0)
-        self.metrics.dead_letters.labels(kind).inc()
-        log.warning(
-            "event_dead_lettered",
-            shard=message.partition(),
-            offset=message.offset(),
-            reason=reason,
+        _opened(self._producer).produce(self.settings.topic_events_dlq, encode(letter), partition=0)
+        self.metrics.dead_letters.labels(reason).inc()
+        owned.log.warning(
+            "event_dead_lettered", offset=message.offset(), kind=reason, reason=str(exc)
         )
 
-    # -- patches and snapshots -------------------------------------------------------------
+    # -- patches -----------------------------------------------------------------------
 
     def _maybe_flush(self, force: bool = False) -> None:
-        now = time.monotonic()
+        now = self._clock.monotonic()
         due = force or (now - self._last_flush) * 1000 >= self.settings.flush_ms
         for shard, owned in list(self.owned.items()):
             if owned.read and (due or owned.pending_keys >= self.settings.flush_keys):
                 self._flush(shard)
         if due:
             self._last_flush = now
-        self._producer.poll(0)
+        _opened(self._producer).poll(0)
 
     def _flush(self, shard: int) -> None:
         owned = self.owned[shard]
-        state = owned.state
-        flush = state.flush()
         owned.pending_keys = 0
         owned.read = False
-        if flush is None:
+        try:
+            batch = owned.writer.flush(self._persist)
+        except Transient:
+            # A grown table's snapshot could not be stored; the writer kept everything
+            # and the next flush tries again.
+            owned.read = True
             return
-        # A batch without tables still tells edges (and lag monitors) how far this unit
-        # has read kvc.events.
-        seq = state.next_seq
-        state.next_seq = seq + 1
-        reload_key = self._snapshot_for_reload(shard, flush) if flush.reloads else None
-        tables = tuple(
-            TablePatchWire(
-                t,
-                TableReload(p.generation, reload_key)
-                if p.reload is not None and reload_key is not None
-                else p,
+        if batch is None:
+            return
+        reloads = [t for t in batch.tables if isinstance(t.patch, TableReload)]
+        if reloads:
+            owned.log.info(
+                "table_grew",
+                tables=[t.table_id for t in reloads],
+                snapshot=[
+                    t.patch.snapshot_key for t in reloads if isinstance(t.patch, TableReload)
+                ],
             )
-            for t, p in sorted(flush.tables.items())
-        )
-        batch = PatchBatch(
-            shard=shard,
-            epoch=state.epoch,
-            seq=seq,
-            events_from=flush.events_from,
-            events_to=flush.events_to,
-            produced_at_ns=time.time_ns(),
-            tables=tables,
-        )
+        self._publish(owned, batch)
+
+    def _persist(self, snapshot: ShardSnapshot) -> str:
+        """Store a snapshot a reload names (the writer's ``persist``); Transient if not."""
+        if not self._redis_backoff.ready(self._clock.monotonic()):
+            raise Transient("Redis is unreachable; retrying later")
+        try:
+            key = _opened(self._store).save(snapshot)
+        except redis.RedisError as exc:
+            self._redis_failed(exc)
+            raise Transient(f"Redis: {exc}") from exc
+        self._redis_ok()
+        return key
+
+    def _publish(self, owned: _Owned, batch: PatchBatch) -> None:
         data = encode(batch)
+        writer = owned.writer
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
-                # Without this batch the edges would see a gap and reload; the next
-                # snapshot covers its content, so nothing is lost, only fresher.
-                log.error("patch_delivery_failed", shard=shard, seq=seq, error=str(err))
+                # Edges will see a gap and reload; the next snapshot covers its content.
+                owned.log.error("patch_delivery_failed", seq=batch.seq, error=str(err))
                 return
             offset = msg.offset()
-            if offset is not None and shard in self.owned:
-                self.owned[shard].state.patches_offset = max(
-                    self.owned[shard].state.patches_offset, offset + 1
-                )
+            if offset is not None:
+                writer.delivered(batch.seq, offset)
 
-        self._producer.produce(
-            self.settings.topic_patches, data, partition=shard, on_delivery=delivered
+        _opened(self._producer).produce(
+            self.settings.topic_patches, data, partition=batch.shard, on_delivery=delivered
         )
         self.metrics.patch_batches.inc()
         self.metrics.patch_bytes.inc(len(data))
 
-    def _snapshot_for_reload(self, shard: int, flush: Flush) -> str:
-        """A table grew: its views reload from a snapshot that must exist first."""
-        self._producer.flush()
-        vkey = self._store.save(self.owned[shard].state.snapshot(time.time_ns()))
-        log.info("table_grew", shard=shard, tables=flush.reloads, snapshot=vkey)
-        return vkey
+    # -- snapshots -----------------------------------------------------------------------
 
     def _maybe_snapshot(self) -> None:
-        now = time.monotonic()
+        now = self._clock.monotonic()
         oldest = 0.0
         for shard, owned in list(self.owned.items()):
             age = now - owned.last_snapshot
-            if age >= self.settings.snapshot_interval_s:
+            if age >= self.settings.snapshot_interval_s and self._redis_backoff.ready(now):
                 self._flush(shard)
-                self._snapshot(shard)
-                age = 0.0
+                if self._snapshot(shard, deadline=None, commit=True):
+                    age = 0.0
             oldest = max(oldest, age)
         self.metrics.snapshot_age.set(oldest)
 
-    def _snapshot(self, shard: int) -> None:
-        """Make the shard durable in Redis, then commit the offsets it covers."""
+    def _snapshot(self, shard: int, *, deadline: float | None, commit: bool) -> bool:
+        """Make the shard durable in Redis, then commit the offsets it covers. False when
+        it had to wait (Redis down, or the drain deadline passed): nothing committed."""
         owned = self.owned[shard]
-        remaining = self._producer.flush(self.settings.drain_timeout_s)
+        now = self._clock.monotonic()
+        if not self._redis_backoff.ready(now):
+            return False
+        timeout = self.settings.drain_timeout_s if deadline is None else deadline - now
+        if timeout <= 0:
+            owned.log.error("snapshot_skipped", reason="drain deadline passed")
+            return False
+        remaining = _opened(self._producer).flush(timeout)
         if remaining:
-            log.error("patch_flush_incomplete", shard=shard, remaining=remaining)
-        state = owned.state
-        vkey = self._store.save(state.snapshot(time.time_ns()))
-        owned.last_snapshot = time.monotonic()
+            owned.log.error("patch_flush_incomplete", remaining=remaining)
+        snapshot = owned.writer.snapshot()  # InvariantBroken: the unit stops, persists nothing
+        try:
+            vkey = _opened(self._store).save(snapshot)
+        except redis.RedisError as exc:
+            self._redis_failed(exc)
+            self.metrics.snapshot_failures.inc()
+            return False
+        self._redis_ok()
+        owned.last_snapshot = self._clock.monotonic()
         self.metrics.snapshots.inc()
-        if state.events_offset >= 0:
-            self._consumer.commit(
-                offsets=[
-                    TopicPartition(self.settings.topic_events, shard, state.events_offset + 1)
-                ],
-                asynchronous=False,
-            )
-        log.info(
+        meta = snapshot.meta
+        if commit and meta.events_offset >= 0:
+            events = TopicPartition(self.settings.topic_events, shard, meta.events_offset + 1)
+            try:
+                _opened(self._consumer).commit(offsets=[events], asynchronous=False)
+            except KafkaException as exc:
+                # Only a hint (a takeover resumes at the snapshot): log, carry on.
+                owned.log.warning("offset_commit_failed", error=str(exc))
+        owned.log.info(
             "shard_snapshot",
-            shard=shard,
             snapshot=vkey,
-            events_offset=state.events_offset,
-            patches_offset=state.patches_offset,
-            next_seq=state.next_seq,
+            epoch=meta.epoch,
+            events_offset=meta.events_offset,
+            patches_offset=meta.patches_offset,
+            next_seq=meta.next_seq,
         )
+        return True
+
+    # -- dependencies' health ------------------------------------------------------------
+
+    def _redis_failed(self, exc: Exception) -> None:
+        self._redis_backoff.failed(self._clock.monotonic())
+        if self._set_redis(False, str(exc)):
+            log.error(
+                "redis_unreachable",
+                error=str(exc),
+                retry_s=self._redis_backoff.delay,
+                effect="snapshots and offset commits wait; patches keep flowing",
+            )
+
+    def _redis_ok(self) -> None:
+        self._redis_backoff.succeeded()
+        if self._set_redis(True, ""):
+            log.info("redis_reachable")
+
+    def _set_redis(self, ok: bool, detail: str) -> bool:
+        self.metrics.redis_up.set(int(ok))
+        first = "redis" not in self.health.report()
+        return self.health.set("redis", ok, detail) and not first
+
+    def _set_broker(self, ok: bool, detail: str) -> bool:
+        self.metrics.broker_up.set(int(ok))
+        first = "broker" not in self.health.report()
+        changed = self.health.set("broker", ok, detail) and not first
+        if changed:
+            (log.info if ok else log.error)("broker_reachable" if ok else "broker_unreachable")
+        return changed
+
+    def _on_client_error(self, error: KafkaError) -> None:
+        if error.code() in _BROKER_DOWN:
+            self._set_broker(False, error.str())
+
+
+def _opened(client: T | None) -> T:
+    """A client this unit opened in ``__enter__`` (a clear error if used outside)."""
+    if client is None:
+        raise RuntimeError("MaintenanceUnit used outside its `with` block")
+    return client

@@ -26,6 +26,11 @@ class MaintenanceSettings(PipelineSettings):
     )
     initial_capacity: int = setting(65_536, "Keys a new table holds before it first grows.")
     session_timeout_ms: int = setting(6000, "Consumer-group session timeout (ms).")
+    max_seq_jump: int = setting(
+        1_000_000,
+        "Largest step of one worker's sequence number between two of its batches in a "
+        "shard; a batch beyond it is dead-lettered with the reason instead of applied.",
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -37,3 +42,7 @@ class MaintenanceSettings(PipelineSettings):
             raise self.invalid("snapshot_interval_s", "must be positive")
         if self.initial_capacity < 8:
             raise self.invalid("initial_capacity", "must be at least 8")
+        if self.drain_timeout_s <= 0:
+            raise self.invalid("drain_timeout_s", "must be positive")
+        if self.max_seq_jump < 1:
+            raise self.invalid("max_seq_jump", "must be at least 1")

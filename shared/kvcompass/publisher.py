@@ -5,11 +5,15 @@ A worker registers a cached prefix at every length any edge may query toward its
 sent as one batch to that shard's partition, explicitly (client partitioners disagree,
 so the key hash never decides the partition). Every batch takes the worker's next
 sequence number, which maintenance units use to drop redeliveries.
+
+A publisher is one *incarnation* of its worker: a random number picked at start, sent
+with every batch, with sequence numbers from 0. A restarted worker is a new incarnation,
+so its numbering starts over without relying on a clock that may step back.
 """
 
 from __future__ import annotations
 
-import time
+import random
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +23,7 @@ import numpy as np
 from kvcompass.index.layout import Tier
 from kvcompass.keys import Namespace, TokenIds, prefix_keys, shard_of
 from kvcompass.levels import LevelPlan
+from kvcompass.pipeline.clock import Clock, SystemClock
 from kvcompass.topology import Worker
 from kvcompass.wire import EventKind, KVEvent, KVEventBatch, encode
 
@@ -47,9 +52,8 @@ class EventPublisher:
     (call it once per engine step): fewer, larger batches cost the maintenance units
     much less per key. With 0 (the default) every change is sent at once.
 
-    ``first_seq`` defaults to the current time in microseconds, so a restarted worker
-    continues above every sequence number it used before (clocks permitting) instead
-    of having its new batches dropped as duplicates.
+    ``incarnation`` defaults to a random 63-bit number (pass one to reproduce a run);
+    ``clock`` stamps ``sent_at_ns`` and nothing else.
     """
 
     def __init__(
@@ -59,8 +63,10 @@ class EventPublisher:
         namespace: Namespace,
         n_shards: int,
         send: Send,
-        first_seq: int | None = None,
         max_buffered_keys: int = 0,
+        *,
+        incarnation: int | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.worker = worker
         self.namespace = namespace
@@ -70,7 +76,11 @@ class EventPublisher:
         self._send = send
         self._pending: dict[int, _Pending] = defaultdict(_Pending)
         self._pending_keys = 0
-        self.next_seq = time.time_ns() // 1000 if first_seq is None else first_seq
+        self.incarnation = (
+            random.SystemRandom().getrandbits(63) if incarnation is None else incarnation
+        )
+        self.next_seq = 0
+        self._clock = clock or SystemClock()
 
     def admit(self, tokens: TokenIds, tier: Tier = Tier.VRAM) -> list[KVEventBatch]:
         return self.publish(EventKind.ADMIT, tokens, tier)
@@ -104,7 +114,7 @@ class EventPublisher:
     def flush(self) -> list[KVEventBatch]:
         """Send every buffered event: one batch per shard, in shard order."""
         sent = []
-        now = time.time_ns()
+        now = self._clock.wall_ns()
         for shard in sorted(self._pending):
             pending = self._pending[shard]
             batch = KVEventBatch.from_columns(
@@ -118,6 +128,7 @@ class EventPublisher:
                 counts=np.array(pending.counts, dtype=np.uint32),
                 lengths=np.array(pending.lengths, dtype=np.uint32),
                 keys=np.array(pending.keys, dtype=np.uint64),
+                worker_incarnation=self.incarnation,
             )
             self.next_seq += 1
             self._send(shard, encode(batch))

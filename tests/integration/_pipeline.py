@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from subprocess import Popen
 
 import numpy as np
 
@@ -28,23 +29,40 @@ TOPOLOGY_TOML = Path(__file__).parent / "testbed-fp16.toml"
 class Cluster(LocalCluster):
     """Everything one test needs, isolated from other tests by unique names."""
 
-    def __init__(self, kafka_bootstrap: str, redis_url: str, log_dir: Path) -> None:
+    def __init__(
+        self, kafka_bootstrap: str, redis_url: str, log_dir: Path, initial_capacity: int = 64
+    ) -> None:
+        """``initial_capacity``: small by default, so tables grow during the tests."""
         super().__init__(
             kafka_bootstrap,
             redis_url,
             log_dir,
             shards=N_SHARDS,
             topology=str(TOPOLOGY_TOML),
-            initial_capacity=64,  # small tables: growth happens in the tests
+            initial_capacity=initial_capacity,
         )
         self.topology = load_topology(TOPOLOGY_TOML)
         self.layout = IndexLayout.from_topology(self.topology)
         self.plan = plan_levels(self.topology)
         self.reference: dict[tuple[int, int], dict[int, int]] = {}
         self.publishers = {
-            w.id: EventPublisher(w, self.plan, NS, N_SHARDS, self.send, first_seq=0)
+            w.id: EventPublisher(w, self.plan, NS, N_SHARDS, self.send)
             for w in self.topology.workers
         }
+        #: Every event batch sent, as (shard, encoded batch), in send order.
+        self.sent: list[tuple[int, bytes]] = []
+
+    def send(self, shard: int, data: bytes) -> None:
+        self.sent.append((shard, data))
+        super().send(shard, data)
+
+    def redeliver(self, batches: list[tuple[int, bytes]]) -> None:
+        """Send batches again, as an at-least-once sender does after a lost ack: the same
+        bytes (same worker, incarnation and seq), now after later batches of their worker.
+        The reference is unchanged: the maintenance units must drop every copy."""
+        for shard, data in batches:
+            super().send(shard, data)
+        self.producer.flush(30)
 
     # -- events and the reference ------------------------------------------------------
 
@@ -89,6 +107,17 @@ class Cluster(LocalCluster):
         return value
 
     # -- checks ------------------------------------------------------------------------
+
+    def finish(self, mu_procs: list[Popen[bytes]], edge: Popen[bytes]) -> int:
+        """Drain the MUs (SIGTERM: final snapshots), wait for the edge, compare everything.
+        Returns the keys checked."""
+        self.wait_mu_caught_up()
+        for proc in mu_procs:
+            assert self.stop(proc) == 0, "maintenance unit did not drain cleanly"
+        self.wait_edge_at(self.snapshot_positions())
+        checked = self.assert_edge_matches()
+        assert self.stop(edge) == 0
+        return checked
 
     def assert_edge_matches(self) -> int:
         """Edge views equal the MU's final snapshot byte for byte, and both equal the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import pickle
 import random
@@ -18,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
+from kvcompass.errors import BadInput
 from kvcompass.index import LudoTable, LudoView
 from kvcompass.index.layout import Tier
 from kvcompass.index.patches import BucketImages, OthelloReset, TablePatch, WordImages
@@ -80,7 +82,7 @@ def same_patch(a: TablePatch | TableReload, b: TablePatch | TableReload) -> bool
 
 def same(a: Message, b: Message) -> bool:
     if isinstance(a, PatchBatch) and isinstance(b, PatchBatch):
-        head = ("shard", "epoch", "seq", "events_from", "events_to", "produced_at_ns")
+        head = ("shard", "epoch", "seq", "events_from", "events_to", "produced_at_ns", "owner")
         return (
             all(getattr(a, f) == getattr(b, f) for f in head)
             and len(a.tables) == len(b.tables)
@@ -116,6 +118,7 @@ def events_msg() -> KVEventBatch:
             KVEvent(EventKind.EVICT, Tier.ABSENT, ((48, 0),)),
             KVEvent(EventKind.ADMIT, Tier.DRAM, ((64, 1), (80, 2), (96, 3))),
         ),
+        worker_incarnation=0x5EED_0000_0001,
     )
 
 
@@ -152,6 +155,7 @@ def patch_msg() -> PatchBatch:
             TablePatchWire(1, wide),
             TablePatchWire(2, TableReload(6, "kvc:snap:3:e2:t2:g6")),
         ),
+        owner="kvc-mu/kvc:snap",
     )
 
 
@@ -184,14 +188,42 @@ GOLDEN = {
         "66cf7fffffffffffffffa27273d9246576656e74735b335d2e746965723a20657870656374656420"
         "302e2e322c20676f742037a2706cc40981a174a362616400ff"
     ),
-    "kv_events": (  # v2.0: columnar events
+    "kv_events": (  # v2.1: columnar events, worker incarnation
+        "8da174a96b765f6576656e7473a176920201a177aa75732d656173742f7733a172a775732d656173"
+        "74a1712aa17307a27473cf17979cfe3d85cd15a27769cf00005eed00000001a16bc40401020301a2"
+        "7472c40401020002a16ec41002000000010000000100000003000000a26c6ec41c10000000200000"
+        "001000000030000000400000005000000060000000a26b79c438efcdab8967452301ffffffffffff"
+        "ff7fefcdab8967452301000000000000000001000000000000000200000000000000030000000000"
+        "0000"
+    ),
+    "patch_batch": (  # v1.1: owner
+        "8aa174ab70617463685f6261746368a176920101a17303a2657002a17111a2656664a26574cc83a2"
+        "7473cf17979cfe3d85cd15a274629385a2696400a16705a16286a169c4080200000009000000a173"
+        "c40201ffa2766220a163c420010000000000000000000000ffffffff000000000200000000000000"
+        "00000000a2666208a166c408070000ff00090000a17782a169c40804000000e8030000a178c410ff"
+        "ffffffffffffff0100000000000000a16f82a173cffedcba9876543210a178c41000010203040506"
+        "0708090a0b0c0d0e0f83a2696401a167cf7fffffffffffffffa16286a169c404ffffffffa173c401"
+        "00a2766240a163c420ffffffffffffffff0000000000000000000000000001000000000000000000"
+        "00a2666210a166c408ffff00003412000083a2696402a16706a2736bb36b76633a736e61703a333a"
+        "65323a74323a6736a26f77af6b76632d6d752f6b76633a736e6170"
+    ),
+    "queue_vector": (
+        "87a174ac71756575655f766563746f72a176920100a172a765752d77657374a27473cf17979cfe3d"
+        "85cd15a17109a27769c40c0000000003000000ffffffffa2716dc418000000000000000000000000"
+        "000029400000000065cdcd41"
+    ),
+}
+# The same messages in the previous minor versions, written before the optional
+# incarnation / owner fields: they still decode, with the fields' defaults.
+GOLDEN_OLDER_MINOR = {
+    "kv_events": (  # v2.0: no "wi"
         "8ca174a96b765f6576656e7473a176920200a177aa75732d656173742f7733a172a775732d656173"
         "74a1712aa17307a27473cf17979cfe3d85cd15a16bc40401020301a27472c40401020002a16ec410"
         "02000000010000000100000003000000a26c6ec41c10000000200000001000000030000000400000"
         "005000000060000000a26b79c438efcdab8967452301ffffffffffffff7fefcdab89674523010000"
         "000000000000010000000000000002000000000000000300000000000000"
     ),
-    "patch_batch": (
+    "patch_batch": (  # v1.0: no "ow"
         "89a174ab70617463685f6261746368a176920100a17303a2657002a17111a2656664a26574cc83a2"
         "7473cf17979cfe3d85cd15a274629385a2696400a16705a16286a169c4080200000009000000a173"
         "c40201ffa2766220a163c420010000000000000000000000ffffffff000000000200000000000000"
@@ -201,11 +233,6 @@ GOLDEN = {
         "00a2766240a163c420ffffffffffffffff0000000000000000000000000001000000000000000000"
         "00a2666210a166c408ffff00003412000083a2696402a16706a2736bb36b76633a736e61703a333a"
         "65323a74323a6736"
-    ),
-    "queue_vector": (
-        "87a174ac71756575655f766563746f72a176920100a172a765752d77657374a27473cf17979cfe3d"
-        "85cd15a17109a27769c40c0000000003000000ffffffffa2716dc418000000000000000000000000"
-        "000029400000000065cdcd41"
     ),
 }
 # The same events_msg() as kv_events 1.0 (a map per event), which this reader refuses.
@@ -217,7 +244,7 @@ KV_EVENTS_V1 = (
     "0000000084a16b01a2747202a26c6ec40c400000005000000060000000a26b79c418010000000000"
     "000002000000000000000300000000000000"
 )
-VERSIONS = {"kv_events": [2, 0], "patch_batch": [1, 0], "queue_vector": [1, 0]}
+VERSIONS = {"kv_events": [2, 1], "patch_batch": [1, 1], "queue_vector": [1, 0]}
 VERSIONS["dead_letter"] = [1, 0]
 
 
@@ -240,6 +267,25 @@ def test_fixed_messages_round_trip(tag: str) -> None:
     raw = msgpack.unpackb(data)
     assert raw["t"] == tag
     assert raw["v"] == VERSIONS[tag] == [type(msg).MAJOR, type(msg).MINOR]
+
+
+@pytest.mark.parametrize("tag", sorted(GOLDEN_OLDER_MINOR))
+def test_older_minor_versions_decode_with_the_new_fields_defaulted(tag: str) -> None:
+    msg = decode(bytes.fromhex(GOLDEN_OLDER_MINOR[tag]))
+    defaults = {"kv_events": {"worker_incarnation": 0}, "patch_batch": {"owner": ""}}[tag]
+    for name, value in defaults.items():
+        assert getattr(msg, name) == value
+        assert getattr(FIXED[tag](), name) != value  # the fixed message sets it
+    if isinstance(msg, KVEventBatch):
+        assert msg == rebuilt(events_msg(), worker_incarnation=0)
+    else:
+        assert same(msg, dataclasses.replace(patch_msg(), owner=""))
+
+
+def test_wire_errors_are_bad_input() -> None:
+    with pytest.raises(BadInput):
+        decode(b"\xc1")
+    assert issubclass(WireError, ValueError)
 
 
 def test_kv_events_1_0_is_refused_naming_the_version() -> None:
@@ -271,6 +317,7 @@ kv_batches = st.builds(
     shard=st.integers(0, 2**31 - 1),
     sent_at_ns=i63,
     events=st.lists(kv_events, max_size=6).map(tuple),
+    worker_incarnation=i63,
 )
 
 
@@ -324,6 +371,7 @@ def patch_batches(draw: st.DrawFn) -> PatchBatch:
         events_to=last,
         produced_at_ns=draw(i63),
         tables=tuple(tables[:5]),
+        owner=draw(st.text(max_size=200)),
     )
 
 
@@ -446,10 +494,11 @@ def columns_of(batch: KVEventBatch) -> dict[str, NDArray[Any]]:
 
 
 def rebuilt(batch: KVEventBatch, **change: Any) -> KVEventBatch:
-    """``batch`` built again from its columns (some replaced)."""
-    columns = columns_of(batch) | change
+    """``batch`` built again from its columns (some replaced, or its incarnation)."""
     header = (batch.worker_id, batch.region, batch.worker_seq, batch.shard, batch.sent_at_ns)
-    return KVEventBatch.from_columns(*header, **columns)
+    incarnation = change.pop("worker_incarnation", batch.worker_incarnation)
+    columns = columns_of(batch) | change
+    return KVEventBatch.from_columns(*header, **columns, worker_incarnation=incarnation)
 
 
 @given(kv_batches)
@@ -747,6 +796,8 @@ DECODE_FAILURES: list[tuple[str, Edit, str | None, str]] = [
     ("kv_events", put("q", value=True), "worker_seq", "expected int, got bool"),
     ("kv_events", put("s", value=2**31), "shard", "expected 0..2^31-1, got 2147483648"),
     ("kv_events", put("ts", value=1.5), "sent_at_ns", "expected int, got float"),
+    ("kv_events", put("wi", value=-1), "worker_incarnation", "expected 0..2^63-1, got -1"),
+    ("kv_events", put("wi", value="x"), "worker_incarnation", "expected int, got str"),
     # KVEventBatch columns (events_msg: kinds 1 2 3 1, tiers 1 2 0 2, key counts 2 1 1 3)
     ("kv_events", put("v", value=[1, 0]), "version", "unsupported 'kv_events' version 1.0"),
     ("kv_events", drop("k"), "events.kind", "missing required field 'k'"),
@@ -819,6 +870,8 @@ DECODE_FAILURES: list[tuple[str, Edit, str | None, str]] = [
     ("patch_batch", put("et", value=-2), "events_to", "expected -1..2^63-1, got -2"),
     ("patch_batch", put("et", value=98), "events_to", "expected ≥ events_from - 1 = 99"),
     ("patch_batch", put("ts", value=None), "produced_at_ns", "expected int, got None"),
+    ("patch_batch", put("ow", value=5), "owner", "expected str, got int"),
+    ("patch_batch", put("ow", value="x" * 201), "owner", "201 characters exceed 200"),
     ("patch_batch", put("tb", value=b""), "tables", "expected an array, got bytes"),
     ("patch_batch", put("tb", 1, value="t"), "tables[1]", "expected a map, got str"),
     ("patch_batch", put("tb", 0, "id", value=2**32), "tables[0].table_id", "expected 0..2^32-1"),
@@ -1111,6 +1164,13 @@ CONSTRUCT_FAILURES: list[tuple[str, Callable[[], object], str]] = [
     ),
     ("table not wire", lambda: PatchBatch(0, 0, 0, 0, 0, 0, (TablePatch(1),)), "tables[0]"),  # type: ignore[arg-type]
     ("empty range", lambda: PatchBatch(0, 0, 0, 5, 3, 0), "events_to"),
+    ("long owner", lambda: PatchBatch(0, 0, 0, 0, -1, 0, owner="o" * 201), "owner"),
+    ("owner not str", lambda: PatchBatch(0, 0, 0, 0, -1, 0, owner=b"o"), "owner"),  # type: ignore[arg-type]
+    (
+        "negative incarnation",
+        lambda: KVEventBatch("w", "r", 0, 0, 0, worker_incarnation=-1),
+        "worker_incarnation",
+    ),
     ("duplicate worker", lambda: QueueVector("r", 0, 0, ((1, 1.0), (1, 2.0))), "queues[1]"),
     ("nan queue", lambda: QueueVector("r", 0, 0, ((1, math.nan),)), "queues[0].queue_ms"),
     ("str queue", lambda: QueueVector("r", 0, 0, ((1, "5"),)), "queues[0].queue_ms"),  # type: ignore[arg-type]
@@ -1200,7 +1260,7 @@ def test_random_msgpack_objects_only_raise_wire_error(obj: object) -> None:
 
 
 WIRE_KEYS = ["w", "r", "q", "s", "ts", "e", "ep", "ef", "et", "tb", "wi", "qm", "tp", "pt"]
-WIRE_KEYS += ["of", "rs", "pl", "k", "tr", "n", "ln", "ky", "id", "g", "sk", "b", "w", "o"]
+WIRE_KEYS += ["of", "rs", "pl", "k", "tr", "n", "ln", "ky", "id", "g", "sk", "b", "w", "o", "ow"]
 
 
 @given(

@@ -9,7 +9,8 @@ ignore fields they do not know, so a reader accepts every minor version of its m
 Anything else (a renamed, retyped or removed field, a changed meaning) bumps the major
 version, which older readers refuse.
 
-:func:`decode` raises one error type, :class:`WireError` (a ``ValueError``), for every
+:func:`decode` raises one error type, :class:`WireError` (a
+:class:`kvcompass.errors.BadInput`, so also a ``ValueError``), for every
 invalid input, naming the offending field's path (``events[3].tier: expected 0..2,
 got 7``). The constructors run the same checks, so an invalid message can be neither
 built nor decoded. Nothing here performs I/O.

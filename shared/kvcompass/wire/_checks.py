@@ -15,6 +15,8 @@ from typing import Any, Final, ParamSpec, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
+from kvcompass.errors import BadInput
+
 __all__ = [
     "I64_MAX",
     "MAX_STR_BYTES",
@@ -52,8 +54,11 @@ T = TypeVar("T")
 _POWERS: Final = {(1 << k) - 1: f"2^{k}-1" for k in (31, 32, 63, 64)}
 
 
-class WireError(ValueError):
+class WireError(BadInput):
     """A message that is not valid on the wire: undecodable bytes or a bad field.
+
+    A :class:`~kvcompass.errors.BadInput`: a consumer dead-letters the message with this
+    text as the reason.
 
     ``field`` is the path of the offending value (``events[3].tier``), or ``None`` when
     the bytes as a whole are at fault (not msgpack, truncated, not a map, too large).

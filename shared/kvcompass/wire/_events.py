@@ -32,7 +32,7 @@ from kvcompass.wire._event_columns import (
 
 __all__ = ["KVEventBatch"]
 
-_HEADER = ("worker_id", "region", "worker_seq", "shard", "sent_at_ns")
+_HEADER = ("worker_id", "region", "worker_seq", "shard", "sent_at_ns", "worker_incarnation")
 #: Wire keys of the columns, in EventColumns order.
 _COLUMN_KEYS = ("k", "tr", "n", "ln", "ky")
 
@@ -42,10 +42,12 @@ class KVEventBatch(WireMessage):
     """A worker's cache changes for one shard, published to ``kvc.events`` (partition =
     ``shard``; every key of the batch belongs to that shard). Immutable.
 
-    ``worker_seq`` numbers the worker's batches, increasing monotonically: a maintenance
-    unit drops a batch whose ``worker_seq`` is not above the last one it applied from that
-    worker (a redelivery). ``sent_at_ns`` is the sender's wall clock (ns since the Unix
-    epoch).
+    ``worker_seq`` numbers the batches of one run of the worker (its
+    ``worker_incarnation``, a random number the publisher picks at start) from 0, with
+    no clock involved: a maintenance unit drops a batch of a known incarnation whose
+    ``worker_seq`` is not above the last one it applied (a redelivery), and a new
+    incarnation starts that worker's numbering afresh. ``sent_at_ns`` is the sender's
+    wall clock (ns since the Unix epoch), informational only.
 
     The events are held as columns, all events concatenated (``*_array``, read-only), so
     decoding and applying a batch costs numpy calls per batch rather than Python work per
@@ -53,7 +55,8 @@ class KVEventBatch(WireMessage):
     Build a batch from events (``KVEventBatch(..., events=(...))``) or from columns
     (:meth:`from_columns`).
 
-    Wire map, tag ``"kv_events"``, version 2.0 (1.x, a map per event, is refused):
+    Wire map, tag ``"kv_events"``, version 2.1 (1.x, a map per event, is refused; 2.0
+    has no ``wi``, read as incarnation 0):
 
     ====  ============  =========================================================
     key   field         encoding
@@ -63,6 +66,8 @@ class KVEventBatch(WireMessage):
     q     worker_seq    int 0..2^63-1
     s     shard         int 0..2^31-1
     ts    sent_at_ns    int 0..2^63-1
+    wi    worker_incar- int 0..2^63-1, optional (absent: 0)
+          nation
     k     kind          bin: per event, uint8: 1 ADMIT, 2 TIER, 3 EVICT (≤ 65536)
     tr    tier          bin: per event, uint8: 0 ABSENT (EVICT), 1 VRAM, 2 DRAM
     n     key count     bin: per event, uint32 LE, adding up to the keys below
@@ -75,13 +80,14 @@ class KVEventBatch(WireMessage):
 
     TAG: ClassVar[str] = "kv_events"
     MAJOR: ClassVar[int] = 2
-    MINOR: ClassVar[int] = 0
+    MINOR: ClassVar[int] = 1
 
     worker_id: str
     region: str
     worker_seq: int
     shard: int
     sent_at_ns: int
+    worker_incarnation: int
     _columns: EventColumns
     _events: tuple[KVEvent, ...] | None
 
@@ -93,8 +99,10 @@ class KVEventBatch(WireMessage):
         shard: int,
         sent_at_ns: int,
         events: Sequence[KVEvent] = (),
+        *,
+        worker_incarnation: int = 0,
     ) -> None:
-        self._set_header(worker_id, region, worker_seq, shard, sent_at_ns)
+        self._set_header(worker_id, region, worker_seq, shard, sent_at_ns, worker_incarnation)
         events = check_tuple(events, "events", MAX_ITEMS)
         for i, event in enumerate(events):
             if not isinstance(event, KVEvent):
@@ -116,12 +124,13 @@ class KVEventBatch(WireMessage):
         counts: NDArray[np.uint32],
         lengths: NDArray[np.uint32],
         keys: NDArray[np.uint64],
+        worker_incarnation: int = 0,
     ) -> KVEventBatch:
         """A batch of event columns laid out and typed as :attr:`kind_array` ..
         :attr:`key_array` (uint8, uint8, uint32, uint32, uint64); copied, then checked
         like decoded ones."""
         return cls._of(
-            (worker_id, region, worker_seq, shard, sent_at_ns),
+            (worker_id, region, worker_seq, shard, sent_at_ns, worker_incarnation),
             own_columns((kinds, tiers, counts, lengths, keys)),
         )
 
@@ -135,7 +144,13 @@ class KVEventBatch(WireMessage):
         return batch
 
     def _set_header(
-        self, worker_id: object, region: object, worker_seq: object, shard: object, ts: object
+        self,
+        worker_id: object,
+        region: object,
+        worker_seq: object,
+        shard: object,
+        ts: object,
+        incarnation: object,
     ) -> None:
         put = object.__setattr__
         put(self, "worker_id", check_str(worker_id, "worker_id"))
@@ -143,6 +158,7 @@ class KVEventBatch(WireMessage):
         put(self, "worker_seq", check_int(worker_seq, "worker_seq", 0, I64_MAX))
         put(self, "shard", check_int(shard, "shard", 0, PARTITION_MAX))
         put(self, "sent_at_ns", check_int(ts, "sent_at_ns", 0, I64_MAX))
+        put(self, "worker_incarnation", check_int(incarnation, "worker_incarnation", 0, I64_MAX))
 
     # -- the events, per event and as columns ----------------------------------------
 
@@ -234,6 +250,7 @@ class KVEventBatch(WireMessage):
             "q": self.worker_seq,
             "s": self.shard,
             "ts": self.sent_at_ns,
+            "wi": self.worker_incarnation,
         }
         for key, column in zip(_COLUMN_KEYS, self._columns.arrays(), strict=True):
             body[key] = column.tobytes()
@@ -247,6 +264,7 @@ class KVEventBatch(WireMessage):
             f.integer("q", "worker_seq"),
             f.integer("s", "shard"),
             f.integer("ts", "sent_at_ns"),
+            f.integer("wi", "worker_incarnation") if f.has("wi") else 0,
         )
         columns = EventColumns(
             *(

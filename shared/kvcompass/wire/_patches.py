@@ -22,6 +22,7 @@ from kvcompass.wire._checks import (
     check_bytes,
     check_int,
     check_range,
+    check_str,
     check_tuple,
     kind_of,
     set_int,
@@ -34,6 +35,8 @@ _U32: Final = np.dtype("<u4")
 _U64: Final = np.dtype("<u8")
 _CELL_DTYPES: Final = {32: "<u4", 64: "<u8"}
 _FINGERPRINT_DTYPES: Final = {8: "u1", 16: "<u2"}
+#: Longest ``PatchBatch.owner`` (a group id and a snapshot prefix).
+MAX_OWNER_CHARS: Final = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,8 +239,11 @@ class PatchBatch(WireMessage):
     batches of one (shard, epoch) without gaps, so an edge that sees a gap or a new epoch
     reloads the shard from its snapshot. The batch covers ``kvc.events`` offsets
     ``events_from..events_to`` inclusive (``events_to = events_from - 1``: none).
+    ``owner`` names the writer of this patch stream, ``"<group_id>/<snapshot_prefix>"``
+    (empty: written before 1.1): edges ignore batches of an owner they do not follow, and
+    a maintenance unit counts only its own owner's epochs when it fences a takeover.
 
-    Wire map, tag ``"patch_batch"``, version 1.0:
+    Wire map, tag ``"patch_batch"``, version 1.1 (1.0 has no ``ow``, read as ``""``):
 
     ====  ==============  ===============================================
     key   field           encoding
@@ -249,12 +255,13 @@ class PatchBatch(WireMessage):
     et    events_to       int -1..2^63-1, ≥ events_from - 1
     ts    produced_at_ns  int 0..2^63-1 (ns since the Unix epoch)
     tb    tables          array of :class:`TablePatchWire` maps (≤ 65536)
+    ow    owner           str, ≤ 200 characters, optional (absent: "")
     ====  ==============  ===============================================
     """
 
     TAG: ClassVar[str] = "patch_batch"
     MAJOR: ClassVar[int] = 1
-    MINOR: ClassVar[int] = 0
+    MINOR: ClassVar[int] = 1
 
     shard: int
     epoch: int
@@ -263,6 +270,7 @@ class PatchBatch(WireMessage):
     events_to: int
     produced_at_ns: int
     tables: tuple[TablePatchWire, ...] = ()
+    owner: str = ""
 
     def __post_init__(self) -> None:
         set_int(self, "shard", 0, PARTITION_MAX)
@@ -278,6 +286,7 @@ class PatchBatch(WireMessage):
             if not isinstance(table, TablePatchWire):
                 raise WireError(f"expected TablePatchWire, got {kind_of(table)}", f"tables[{i}]")
         object.__setattr__(self, "tables", tables)
+        object.__setattr__(self, "owner", _check_owner(self.owner))
 
     def _body(self) -> dict[str, object]:
         return {
@@ -288,6 +297,7 @@ class PatchBatch(WireMessage):
             "et": self.events_to,
             "ts": self.produced_at_ns,
             "tb": [table._body() for table in self.tables],
+            "ow": self.owner,
         }
 
     @classmethod
@@ -300,4 +310,14 @@ class PatchBatch(WireMessage):
             events_to=f.integer("et", "events_to"),
             produced_at_ns=f.integer("ts", "produced_at_ns"),
             tables=tuple(TablePatchWire._from_body(t) for t in f.maps("tb", "tables")),
+            owner=f.text("ow", "owner") if f.has("ow") else "",
         )
+
+
+def _check_owner(value: object) -> str:
+    """``value`` as a plain str of at most :data:`MAX_OWNER_CHARS` (empty allowed)."""
+    if not isinstance(value, str):
+        raise WireError(f"expected str, got {kind_of(value)}", "owner")
+    if len(value) > MAX_OWNER_CHARS:
+        raise WireError(f"{len(value)} characters exceed {MAX_OWNER_CHARS}", "owner")
+    return check_str(value, "owner") if value else ""
