@@ -145,7 +145,7 @@ def _latency_schedule(
     out: list[tuple[int, bytes]] = []
     pubs = [
         EventPublisher(
-            w, plan, NS, SHARDS, lambda s, b: out.append((s, b)), 0, max_buffered_keys=1 << 30
+            w, plan, NS, SHARDS, lambda s, b: out.append((s, b)), max_buffered_keys=1 << 30
         )
         for w in topology.workers
     ]
