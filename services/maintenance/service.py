@@ -266,6 +266,8 @@ class MaintenanceUnit:
                 # A short read means the unit is caught up: publish now rather than
                 # wait out the window; under load the window coalesces writes.
                 caught_up = len(messages) < _CONSUME_BATCH
+                if messages:
+                    self._set_broker(True, "")  # once per read, not per message
                 self.health.set("caught_up", caught_up)
                 self._apply_read(messages, flush_runs=caught_up)
                 self._maybe_flush(force=caught_up)
@@ -423,7 +425,6 @@ class MaintenanceUnit:
             if error.code() != KafkaError._PARTITION_EOF:
                 log.warning("consume_error", error=str(error))
             return
-        self._set_broker(True, "")
         shard = message.partition()
         offset = message.offset()
         owned = None if shard is None else self.owned.get(shard)
