@@ -58,7 +58,8 @@ class Router:
         return answer
 
     def close(self) -> None:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
         self.proc.stdin.close()
         status = self.proc.wait(timeout=30)
         self.proc.stdout.close()
