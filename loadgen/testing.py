@@ -27,7 +27,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from kvcompass.services.infra import TopicSpec, create_topics
 from kvcompass.services.snapstore import SnapshotStore
-from kvcompass.shm import SharedIndexReader
+from kvcompass.shm import SharedIndexReader, remove_segments
 from kvcompass.wire import PatchBatch, decode
 
 __all__ = ["LocalCluster", "PollTimeout", "poll_until"]
@@ -230,6 +230,9 @@ class LocalCluster:
                 proc.kill()
                 proc.wait(timeout=30)
         self.producer.flush(5)
+        # Segments outlive a killed edge by design (readers may still map them); with
+        # every process of this cluster gone, nobody will take the prefix over.
+        remove_segments(self.shm_prefix)
 
     # -- events --------------------------------------------------------------------------
 
