@@ -16,16 +16,24 @@ from typing import Any
 import structlog
 from confluent_kafka import Consumer, KafkaError, Message
 
+from kvcompass.errors import Transient
 from kvcompass.services.health import Health
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
+    "BrokerLost",
     "BrokerWatch",
     "KafkaLog",
     "consume_ready",
     "consumer_config",
     "producer_config",
 ]
+
+
+class BrokerLost(Transient):
+    """The broker stayed unreachable past ``broker_timeout_s``, or came back without the
+    log this process read (a memory broker restarted): exit for the supervisor."""
+
 
 # Error codes meaning "no broker can be reached" (as opposed to one request failing).
 _UNREACHABLE = frozenset(

@@ -37,7 +37,7 @@ from kvcompass.pipeline.clock import Clock, SystemClock
 from kvcompass.services.edge.metrics import EdgeMetrics
 from kvcompass.services.edge.settings import EdgeSettings
 from kvcompass.services.health import Health
-from kvcompass.services.kafka import KafkaLog, consume_ready, consumer_config
+from kvcompass.services.kafka import BrokerLost, KafkaLog, consume_ready, consumer_config
 from kvcompass.services.snapstore import SnapshotStore
 from kvcompass.settings import redact_url
 from kvcompass.shm import SharedIndexWriter
@@ -45,7 +45,7 @@ from kvcompass.snapshot import SnapshotMeta
 from kvcompass.topology import Topology
 from kvcompass.wire import PatchBatch, TableReload, WireError, decode
 
-__all__ = ["BrokerLost", "EdgeReplayer", "Poll"]
+__all__ = ["EdgeReplayer", "Poll"]
 
 log = structlog.get_logger("kvcompass.edge")
 
@@ -60,10 +60,6 @@ _PROBE_S = 1.0  # how often a lost broker is asked whether it is back
 # every flap is a readiness log line).
 _CAUGHT_UP_WINDOW_S = 1.0
 _REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError)
-
-
-class BrokerLost(Transient):
-    """The broker stayed unreachable past ``broker_timeout_s``."""
 
 
 class _Backoff:

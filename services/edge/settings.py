@@ -28,16 +28,9 @@ class EdgeSettings(PipelineSettings):
         "snapshot and reload shards that fell behind (a lost final batch has no successor "
         "to reveal the gap) or whose snapshot has another writer now.",
     )
-    broker_timeout_s: float = setting(
-        30.0,
-        "Exit non-zero when the broker stays unreachable this long (views are not ready "
-        "meanwhile); a supervisor restarts the edge.",
-    )
 
     def validate(self) -> None:
         super().validate()
         for name in ("bootstrap_retry_s", "redis_retry_max_s", "snapshot_check_s"):
             if getattr(self, name) <= 0:
                 raise self.invalid(name, "must be positive")
-        if self.broker_timeout_s <= 0:
-            raise self.invalid("broker_timeout_s", "must be positive")

@@ -40,7 +40,12 @@ from kvcompass.pipeline.clock import Clock, SystemClock
 from kvcompass.pipeline.sequences import Admission, SequenceRefused
 from kvcompass.pipeline.writer import ShardWriter
 from kvcompass.services.health import Health
-from kvcompass.services.kafka import consume_ready, consumer_config, producer_config
+from kvcompass.services.kafka import (
+    BrokerLost,
+    consume_ready,
+    consumer_config,
+    producer_config,
+)
 from kvcompass.services.maintenance.metrics import MaintenanceMetrics
 from kvcompass.services.maintenance.settings import MaintenanceSettings
 from kvcompass.services.maintenance.stream import read_tail
@@ -67,6 +72,8 @@ T = TypeVar("T")
 _CONSUME_BATCH = 500
 #: How long start-up checks and takeover reads wait for the broker.
 _BROKER_TIMEOUT_S = 10.0
+#: While the broker is lost, how often to ask whether it is back.
+_BROKER_PROBE_S = 1.0
 _BACKOFF_FIRST_S = 0.25
 _BACKOFF_MAX_S = 5.0
 _BROKER_DOWN = frozenset({KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT})
@@ -134,6 +141,8 @@ class MaintenanceUnit:
         # Set once run() fails: from then on nothing may be persisted, not even by the
         # revocation that closing the consumer triggers.
         self._crashed = False
+        self._broker_down_since: float | None = None
+        self._next_broker_probe = 0.0
         self._last_flush = 0.0
 
     # -- lifecycle -------------------------------------------------------------------
@@ -190,7 +199,10 @@ class MaintenanceUnit:
                 s.group_id,
                 s.fetch_wait_ms,
                 **{
-                    "auto.offset.reset": "earliest",
+                    # Every assignment names its offset (the snapshot's); an offset out
+                    # of range then means the log this unit applied is gone: an error,
+                    # never a silent jump to another position.
+                    "auto.offset.reset": "error",
                     "session.timeout.ms": s.session_timeout_ms,
                     "heartbeat.interval.ms": max(100, s.session_timeout_ms // 6),
                     "error_cb": self._on_client_error,
@@ -202,15 +214,15 @@ class MaintenanceUnit:
             consumer_config(self._bootstrap, f"{s.group_id}.tail", s.fetch_wait_ms)
         )
 
-    def _check_topics(self, producer: Producer) -> None:
+    def _check_topics(self, producer: Producer, timeout_s: float = _BROKER_TIMEOUT_S) -> None:
         """The topics exist, and the shard count is the partition count of both."""
         s = self.settings
         try:
-            metadata = producer.list_topics(timeout=_BROKER_TIMEOUT_S)
+            metadata = producer.list_topics(timeout=timeout_s)
         except KafkaException as exc:
             raise Transient(
                 f"KVC_KAFKA_BOOTSTRAP={self._bootstrap!r}: no broker answered within "
-                f"{_BROKER_TIMEOUT_S:g} s ({exc})"
+                f"{timeout_s:g} s ({exc})"
             ) from None
         self._set_broker(True, "")
         wanted = [
@@ -262,11 +274,13 @@ class MaintenanceUnit:
         log.info("mu_started", group=s.group_id, topic=s.topic_events, owner=self.owner)
         try:
             while not stop.is_set():
+                if self._broker_down_since is not None:
+                    self._await_broker()
                 messages = consume_ready(consumer, _CONSUME_BATCH, s.flush_ms / 1000)
                 # A short read means the unit is caught up: publish now rather than
                 # wait out the window; under load the window coalesces writes.
                 caught_up = len(messages) < _CONSUME_BATCH
-                if messages:
+                if messages and self._broker_down_since is None:
                     self._set_broker(True, "")  # once per read, not per message
                 self.health.set("caught_up", caught_up)
                 self._apply_read(messages, flush_runs=caught_up)
@@ -422,6 +436,12 @@ class MaintenanceUnit:
     def _handle(self, message: Message) -> None:
         error = message.error()
         if error is not None:
+            if error.code() == KafkaError._AUTO_OFFSET_RESET:
+                raise BrokerLost(
+                    f"{self.settings.topic_events} partition {message.partition()}: the "
+                    f"offset this unit resumes at is gone ({error.str()}): the broker lost "
+                    "the event log (a memory broker restarted?)"
+                )
             if error.code() != KafkaError._PARTITION_EOF:
                 log.warning("consume_error", error=str(error))
             return
@@ -627,6 +647,34 @@ class MaintenanceUnit:
     def _on_client_error(self, error: KafkaError) -> None:
         if error.code() in _BROKER_DOWN:
             self._set_broker(False, error.str())
+            if self._broker_down_since is None:
+                self._broker_down_since = self._clock.monotonic()
+                self._next_broker_probe = self._broker_down_since + _BROKER_PROBE_S
+
+    def _await_broker(self) -> None:
+        """While the broker is lost: probe it now and then; past ``broker_timeout_s``,
+        or when it answers without this unit's topics, :class:`BrokerLost`."""
+        assert self._broker_down_since is not None
+        now = self._clock.monotonic()
+        down_s = now - self._broker_down_since
+        if down_s > self.settings.broker_timeout_s:
+            raise BrokerLost(
+                f"KVC_KAFKA_BOOTSTRAP={self._bootstrap}: no broker for {down_s:.0f} s "
+                f"(KVC_BROKER_TIMEOUT_S={self.settings.broker_timeout_s:g})"
+            )
+        if now < self._next_broker_probe:
+            return
+        self._next_broker_probe = now + _BROKER_PROBE_S
+        try:
+            self._check_topics(_opened(self._producer), timeout_s=_BROKER_PROBE_S)
+        except Transient:
+            return
+        except ConfigError as exc:
+            raise BrokerLost(f"the broker came back without its log ({exc})") from None
+        # Back with its topics: the group rebalances and every fetch resumes at an
+        # offset that must still exist (else _AUTO_OFFSET_RESET above).
+        self._broker_down_since = None
+        self._set_broker(True, "")
 
 
 def _opened(client: T | None) -> T:

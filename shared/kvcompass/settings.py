@@ -312,3 +312,13 @@ class PipelineSettings(RunSettings):
         "testbed-3region", "Built-in topology name or path of a topology TOML file."
     )
     snapshot_prefix: str = setting("kvc:snap", "Redis key prefix of shard snapshots.")
+    broker_timeout_s: float = setting(
+        30.0,
+        "Exit non-zero (status 3) when the broker stays unreachable this long, or comes "
+        "back without the log this process has read; a supervisor restarts it.",
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        if self.broker_timeout_s <= 0:
+            raise self.invalid("broker_timeout_s", "must be positive")

@@ -7,11 +7,14 @@ independent reference model of those events does.
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import signal
 import socket
 import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +33,7 @@ from kvcompass.keys import prefix_keys, shard_of
 from kvcompass.loadgen.testing import poll_until
 from kvcompass.publisher import EventPublisher
 from kvcompass.services.health import Health
-from kvcompass.services.infra import RunningInfra
+from kvcompass.services.infra import Infra, InfraSettings, RunningInfra
 from kvcompass.services.maintenance.service import MaintenanceUnit
 from kvcompass.services.maintenance.settings import MaintenanceSettings
 from kvcompass.wire import DeadLetter, EventKind, PatchBatch, decode
@@ -356,3 +359,46 @@ def test_a_table_broken_mid_write_stops_the_mu_and_nothing_is_persisted(
     mu = cluster.start_mu("mu-2")
     edge = cluster.start_edge()
     cluster.finish([mu], edge)
+
+
+def test_broker_killed_and_restarted_the_mu_says_so_then_exits_for_its_supervisor(
+    tmp_path: Path,
+) -> None:
+    """Broker loss is seen within seconds (readiness and one log line); a memory broker
+    comes back without the event log, so the MU exits 3 instead of reading a new log
+    from positions of the old one (or it exits 3 when the broker stays away)."""
+    settings = InfraSettings.from_env(
+        run_dir=tmp_path / "infra", kafka_bootstrap=None, redis_url=None
+    )
+    with Infra.start(settings) as own:
+        cluster = Cluster(own.kafka_bootstrap, own.redis_url, tmp_path)
+        try:
+            rng = np.random.default_rng(27)
+            mu = cluster.start_mu(KVC_BROKER_TIMEOUT_S="20")
+            cluster.random_traffic(rng, 120, prompts(rng, 80))
+            cluster.wait_mu_caught_up()
+            poll_until(lambda: cluster.readiness("mu")[0], 30, "the MU is ready")
+            broker = next(p for p in own.processes if p.name == "kafka")
+            os.kill(broker.pid, signal.SIGKILL)
+            killed = time.monotonic()
+            poll_until(lambda: not cluster.readiness("mu")[0], 15, "the MU reports the loss")
+            assert time.monotonic() - killed < 15
+            ready, body = cluster.readiness("mu")
+            assert not ready
+            assert "broker" in json.dumps(body), body
+            with open(tmp_path / "broker-2.log", "wb") as out:
+                restarted = subprocess.Popen(broker.argv, stdout=out, stderr=subprocess.STDOUT)
+            try:
+                poll_until(lambda: mu.poll() is not None, 60, "the MU exits for its supervisor")
+                assert mu.returncode == 3
+                log_text = _log(cluster, "mu")
+                assert log_text.count('"broker_unreachable"') == 1, "one line per change"
+                assert (
+                    "came back without its log" in log_text
+                    or "the broker lost the event log" in log_text
+                ), log_text[-3000:]
+            finally:
+                restarted.terminate()
+                restarted.wait(10)
+        finally:
+            cluster.close()
