@@ -34,6 +34,7 @@ from kvcompass.index.layout import IndexLayout
 from kvcompass.index.patches import TablePatch
 from kvcompass.pipeline import PatchFollower, SnapshotCheck, Verdict
 from kvcompass.pipeline.clock import Clock, SystemClock
+from kvcompass.services.backoff import Backoff
 from kvcompass.services.edge.metrics import EdgeMetrics
 from kvcompass.services.edge.settings import EdgeSettings
 from kvcompass.services.health import Health
@@ -60,25 +61,6 @@ _PROBE_S = 1.0  # how often a lost broker is asked whether it is back
 # every flap is a readiness log line).
 _CAUGHT_UP_WINDOW_S = 1.0
 _REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError)
-
-
-class _Backoff:
-    """When to try a failing dependency next: waits double from ``first_s`` to ``max_s``."""
-
-    def __init__(self, first_s: float, max_s: float) -> None:
-        self.first_s, self.max_s = first_s, max_s
-        self.wait_s = first_s
-        self.next_at = 0.0
-
-    def due(self, now: float) -> bool:
-        return now >= self.next_at
-
-    def failed(self, now: float) -> None:
-        self.next_at = now + self.wait_s
-        self.wait_s = min(self.wait_s * 2, self.max_s)
-
-    def succeeded(self) -> None:
-        self.wait_s, self.next_at = self.first_s, 0.0
 
 
 class EdgeReplayer:
@@ -110,7 +92,7 @@ class EdgeReplayer:
         self._logs = [log.bind(shard=shard) for shard in range(n)]
         self._retry_at = [0.0] * n  # per shard: next attempt to load a snapshot
         self._resume_at = [0] * n  # per shard: kvc.patches offset of its snapshot
-        self._redis_backoff = _Backoff(settings.bootstrap_retry_s, settings.redis_retry_max_s)
+        self._redis_backoff = Backoff(settings.bootstrap_retry_s, settings.redis_retry_max_s)
         self._assigned = False
         self._drained_at: float | None = None  # when a poll last found the stream empty
         self._last_progress = 0.0

@@ -39,6 +39,7 @@ from kvcompass.index.ludo import compile_write_kernel
 from kvcompass.pipeline.clock import Clock, SystemClock
 from kvcompass.pipeline.sequences import Admission, SequenceRefused
 from kvcompass.pipeline.writer import ShardWriter
+from kvcompass.services.backoff import Backoff
 from kvcompass.services.health import Health
 from kvcompass.services.kafka import (
     BrokerLost,
@@ -88,24 +89,6 @@ class _Owned:
     read: bool = False  # read events since the last flush (flushing others finds nothing)
 
 
-class _Backoff:
-    """When a failing dependency may be tried again: doubling delays, reset by a success."""
-
-    def __init__(self) -> None:
-        self.delay = 0.0
-        self._next_try = 0.0
-
-    def ready(self, now: float) -> bool:
-        return now >= self._next_try
-
-    def failed(self, now: float) -> None:
-        self.delay = min(max(2 * self.delay, _BACKOFF_FIRST_S), _BACKOFF_MAX_S)
-        self._next_try = now + self.delay
-
-    def succeeded(self) -> None:
-        self.delay = self._next_try = 0.0
-
-
 class MaintenanceUnit:
     """Owns the shards the group assigns it. Use as a context manager around :meth:`run`:
     entering connects and checks the broker, the topics and Redis (one ConfigError or
@@ -137,7 +120,7 @@ class MaintenanceUnit:
         self._producer: Producer | None = None
         self._consumer: Consumer | None = None
         self._tail: Consumer | None = None
-        self._redis_backoff = _Backoff()
+        self._redis_backoff = Backoff(_BACKOFF_FIRST_S, _BACKOFF_MAX_S)
         # Set once run() fails: from then on nothing may be persisted, not even by the
         # revocation that closing the consumer triggers.
         self._crashed = False
@@ -529,7 +512,7 @@ class MaintenanceUnit:
 
     def _persist(self, snapshot: ShardSnapshot) -> str:
         """Store a snapshot a reload names (the writer's ``persist``); Transient if not."""
-        if not self._redis_backoff.ready(self._clock.monotonic()):
+        if not self._redis_backoff.due(self._clock.monotonic()):
             raise Transient("Redis is unreachable; retrying later")
         try:
             key = _opened(self._store).save(snapshot)
@@ -565,7 +548,7 @@ class MaintenanceUnit:
         oldest = 0.0
         for shard, owned in list(self.owned.items()):
             age = now - owned.last_snapshot
-            if age >= self.settings.snapshot_interval_s and self._redis_backoff.ready(now):
+            if age >= self.settings.snapshot_interval_s and self._redis_backoff.due(now):
                 self._flush(shard)
                 if self._snapshot(shard, deadline=None, commit=True):
                     age = 0.0
@@ -577,7 +560,7 @@ class MaintenanceUnit:
         it had to wait (Redis down, or the drain deadline passed): nothing committed."""
         owned = self.owned[shard]
         now = self._clock.monotonic()
-        if not self._redis_backoff.ready(now):
+        if not self._redis_backoff.due(now):
             return False
         timeout = self.settings.drain_timeout_s if deadline is None else deadline - now
         if timeout <= 0:
