@@ -22,6 +22,7 @@ from kvcompass.services.health import Health
 __all__ = [
     "MAX_MESSAGE_BYTES",
     "BrokerLost",
+    "BrokerOutage",
     "BrokerWatch",
     "KafkaLog",
     "consume_ready",
@@ -33,6 +34,34 @@ __all__ = [
 class BrokerLost(Transient):
     """The broker stayed unreachable past ``broker_timeout_s``, or came back without the
     log this process read (a memory broker restarted): exit for the supervisor."""
+
+
+class BrokerOutage:
+    """One loss of the broker, as time passes: when to ask it again whether it is back,
+    and when to give up (:class:`BrokerLost`). Clock-free: callers pass ``now``."""
+
+    #: How often a lost broker is asked whether it is back (seconds).
+    PROBE_S = 1.0
+
+    def __init__(self, since: float, timeout_s: float, bootstrap: str) -> None:
+        self.since = since
+        self.timeout_s = timeout_s
+        self.bootstrap = bootstrap
+        self._next_probe = since + self.PROBE_S
+
+    def probe_due(self, now: float) -> bool:
+        """True when the broker should be asked now; BrokerLost once it has been away
+        longer than the timeout."""
+        down_s = now - self.since
+        if down_s > self.timeout_s:
+            raise BrokerLost(
+                f"the broker at KVC_KAFKA_BOOTSTRAP={self.bootstrap} did not answer for "
+                f"{down_s:.0f} s (KVC_BROKER_TIMEOUT_S={self.timeout_s:g})"
+            )
+        if now < self._next_probe:
+            return False
+        self._next_probe = now + self.PROBE_S
+        return True
 
 
 # Error codes meaning "no broker can be reached" (as opposed to one request failing).

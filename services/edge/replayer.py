@@ -38,7 +38,13 @@ from kvcompass.services.backoff import Backoff
 from kvcompass.services.edge.metrics import EdgeMetrics
 from kvcompass.services.edge.settings import EdgeSettings
 from kvcompass.services.health import Health
-from kvcompass.services.kafka import BrokerLost, KafkaLog, consume_ready, consumer_config
+from kvcompass.services.kafka import (
+    BrokerLost,
+    BrokerOutage,
+    KafkaLog,
+    consume_ready,
+    consumer_config,
+)
 from kvcompass.services.snapstore import SnapshotStore
 from kvcompass.settings import redact_url
 from kvcompass.shm import SharedIndexWriter
@@ -56,7 +62,6 @@ T = TypeVar("T")
 Poll = Callable[[], Sequence[Message]]
 
 _CONNECT_TIMEOUT_S = 10.0  # start-up checks of the broker and Redis
-_PROBE_S = 1.0  # how often a lost broker is asked whether it is back
 # Caught up: the stream was found empty this recently (a per-poll flag would flap, and
 # every flap is a readiness log line).
 _CAUGHT_UP_WINDOW_S = 1.0
@@ -96,8 +101,7 @@ class EdgeReplayer:
         self._assigned = False
         self._drained_at: float | None = None  # when a poll last found the stream empty
         self._last_progress = 0.0
-        self._broker_down_since: float | None = None
-        self._next_probe = 0.0
+        self._outage: BrokerOutage | None = None
         self._foreign_owners: set[str] = set()
         self._stack = contextlib.ExitStack()
 
@@ -198,9 +202,9 @@ class EdgeReplayer:
         self._last_progress = self._clock.monotonic()
         log.info("edge_started", shards=s.shards, shm_prefix=s.shm_prefix)
         while not stop.is_set():
-            if self._broker_down_since is not None:
-                self._await_broker()
-                stop.wait(_PROBE_S / 10)
+            if self._outage is not None:
+                self._await_broker(self._outage)
+                stop.wait(BrokerOutage.PROBE_S / 10)
                 continue
             self._load_missing()
             if not self._assigned:
@@ -223,7 +227,7 @@ class EdgeReplayer:
 
     def _report(self) -> None:
         loaded = sum(f.is_loaded for f in self.followers)
-        up = self._broker_down_since is None
+        up = self._outage is None
         self._set_health("shards_loaded", loaded == len(self.followers), f"{loaded} loaded")
         drained = self._drained_at is not None and (
             self._clock.monotonic() - self._drained_at < _CAUGHT_UP_WINDOW_S
@@ -376,39 +380,33 @@ class EdgeReplayer:
             log.debug("kafka_error", error=str(error))
 
     def _broker_lost(self, reason: str) -> None:
-        if self._broker_down_since is not None:
+        if self._outage is not None:
             return
-        self._broker_down_since = self._clock.monotonic()
-        self._next_probe = self._broker_down_since + _PROBE_S
+        self._outage = BrokerOutage(
+            self._clock.monotonic(), self.settings.broker_timeout_s, self._bootstrap
+        )
         for shard in range(len(self.followers)):
             self._mark_not_ready(shard)
         log.error("broker_lost", error=reason, exit_after_s=self.settings.broker_timeout_s)
         self._set_health("broker", False, reason)
         self._report()
 
-    def _await_broker(self) -> None:
-        """While the broker is lost: probe it; give up past ``broker_timeout_s``."""
-        assert self._broker_down_since is not None
+    def _await_broker(self, outage: BrokerOutage) -> None:
+        """While the broker is lost: ask it now and then whether it is back; give up past
+        ``broker_timeout_s`` or when it comes back without the patch topic."""
         now = self._clock.monotonic()
-        down_s = now - self._broker_down_since
-        if down_s > self.settings.broker_timeout_s:
-            raise BrokerLost(
-                f"the broker at KVC_KAFKA_BOOTSTRAP={self._bootstrap} did not answer for "
-                f"{down_s:.0f} s (KVC_BROKER_TIMEOUT_S={self.settings.broker_timeout_s:g})"
-            )
-        if now < self._next_probe:
+        if not outage.probe_due(now):
             return
-        self._next_probe = now + _PROBE_S
         try:
-            self._check_topic(self._consumer, _PROBE_S)
+            self._check_topic(self._consumer, outage.PROBE_S)
         except KafkaException:
             return
         except ConfigError as exc:
             raise BrokerLost(f"the broker came back without its log ({exc})") from None
         # The broker may have lost its log (memory storage): every view reloads its
         # snapshot and re-reads from the snapshot's offset (or from the log's start).
-        log.info("broker_back", down_s=round(down_s, 1))
-        self._broker_down_since = None
+        log.info("broker_back", down_s=round(now - outage.since, 1))
+        self._outage = None
         self._set_health("broker", True)
         rewound: set[int] = set()
         for shard in range(len(self.followers)):

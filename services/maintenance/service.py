@@ -43,6 +43,7 @@ from kvcompass.services.backoff import Backoff
 from kvcompass.services.health import Health
 from kvcompass.services.kafka import (
     BrokerLost,
+    BrokerOutage,
     consume_ready,
     consumer_config,
     producer_config,
@@ -73,8 +74,6 @@ T = TypeVar("T")
 _CONSUME_BATCH = 500
 #: How long start-up checks and takeover reads wait for the broker.
 _BROKER_TIMEOUT_S = 10.0
-#: While the broker is lost, how often to ask whether it is back.
-_BROKER_PROBE_S = 1.0
 _BACKOFF_FIRST_S = 0.25
 _BACKOFF_MAX_S = 5.0
 _BROKER_DOWN = frozenset({KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT})
@@ -124,8 +123,7 @@ class MaintenanceUnit:
         # Set once run() fails: from then on nothing may be persisted, not even by the
         # revocation that closing the consumer triggers.
         self._crashed = False
-        self._broker_down_since: float | None = None
-        self._next_broker_probe = 0.0
+        self._outage: BrokerOutage | None = None
         self._last_flush = 0.0
 
     # -- lifecycle -------------------------------------------------------------------
@@ -257,13 +255,13 @@ class MaintenanceUnit:
         log.info("mu_started", group=s.group_id, topic=s.topic_events, owner=self.owner)
         try:
             while not stop.is_set():
-                if self._broker_down_since is not None:
-                    self._await_broker()
+                if self._outage is not None:
+                    self._await_broker(self._outage)
                 messages = consume_ready(consumer, _CONSUME_BATCH, s.flush_ms / 1000)
                 # A short read means the unit is caught up: publish now rather than
                 # wait out the window; under load the window coalesces writes.
                 caught_up = len(messages) < _CONSUME_BATCH
-                if messages and self._broker_down_since is None:
+                if messages and self._outage is None:
                     self._set_broker(True, "")  # once per read, not per message
                 self.health.set("caught_up", caught_up)
                 self._apply_read(messages, flush_runs=caught_up)
@@ -630,33 +628,25 @@ class MaintenanceUnit:
     def _on_client_error(self, error: KafkaError) -> None:
         if error.code() in _BROKER_DOWN:
             self._set_broker(False, error.str())
-            if self._broker_down_since is None:
-                self._broker_down_since = self._clock.monotonic()
-                self._next_broker_probe = self._broker_down_since + _BROKER_PROBE_S
+            if self._outage is None:
+                self._outage = BrokerOutage(
+                    self._clock.monotonic(), self.settings.broker_timeout_s, self._bootstrap
+                )
 
-    def _await_broker(self) -> None:
-        """While the broker is lost: probe it now and then; past ``broker_timeout_s``,
-        or when it answers without this unit's topics, :class:`BrokerLost`."""
-        assert self._broker_down_since is not None
-        now = self._clock.monotonic()
-        down_s = now - self._broker_down_since
-        if down_s > self.settings.broker_timeout_s:
-            raise BrokerLost(
-                f"KVC_KAFKA_BOOTSTRAP={self._bootstrap}: no broker for {down_s:.0f} s "
-                f"(KVC_BROKER_TIMEOUT_S={self.settings.broker_timeout_s:g})"
-            )
-        if now < self._next_broker_probe:
+    def _await_broker(self, outage: BrokerOutage) -> None:
+        """While the broker is lost: ask it now and then whether it is back; past
+        ``broker_timeout_s``, or when it answers without this unit's topics, BrokerLost."""
+        if not outage.probe_due(self._clock.monotonic()):
             return
-        self._next_broker_probe = now + _BROKER_PROBE_S
         try:
-            self._check_topics(_opened(self._producer), timeout_s=_BROKER_PROBE_S)
+            self._check_topics(_opened(self._producer), timeout_s=outage.PROBE_S)
         except Transient:
             return
         except ConfigError as exc:
             raise BrokerLost(f"the broker came back without its log ({exc})") from None
         # Back with its topics: the group rebalances and every fetch resumes at an
         # offset that must still exist (else _AUTO_OFFSET_RESET above).
-        self._broker_down_since = None
+        self._outage = None
         self._set_broker(True, "")
 
 
