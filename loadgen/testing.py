@@ -26,6 +26,7 @@ import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from kvcompass.services.infra import TopicSpec, create_topics
+from kvcompass.services.kafka import KafkaLog
 from kvcompass.services.snapstore import SnapshotStore
 from kvcompass.shm import SharedIndexReader, remove_segments
 from kvcompass.wire import PatchBatch, decode
@@ -111,6 +112,8 @@ class LocalCluster:
                 "bootstrap.servers": kafka_bootstrap,
                 "enable.idempotence": True,
                 "linger.ms": linger_ms,
+                # Its lines (a test may stop the broker) go through structlog too.
+                "logger": KafkaLog(),
             }
         )
 

@@ -44,6 +44,7 @@ from kvcompass.services.health import Health
 from kvcompass.services.kafka import (
     BrokerLost,
     BrokerOutage,
+    BrokerWatch,
     consume_ready,
     consumer_config,
     producer_config,
@@ -124,6 +125,7 @@ class MaintenanceUnit:
         # revocation that closing the consumer triggers.
         self._crashed = False
         self._outage: BrokerOutage | None = None
+        self._broker_watch = BrokerWatch(self.health)
         self._last_flush = 0.0
 
     # -- lifecycle -------------------------------------------------------------------
@@ -205,7 +207,7 @@ class MaintenanceUnit:
                 f"KVC_KAFKA_BOOTSTRAP={self._bootstrap!r}: no broker answered within "
                 f"{timeout_s:g} s ({exc})"
             ) from None
-        self._set_broker(True, "")
+        self._broker_answered()
         wanted = [
             ("KVC_TOPIC_EVENTS", s.topic_events, s.shards),
             ("KVC_TOPIC_PATCHES", s.topic_patches, s.shards),
@@ -262,7 +264,7 @@ class MaintenanceUnit:
                 # wait out the window; under load the window coalesces writes.
                 caught_up = len(messages) < _CONSUME_BATCH
                 if messages and self._outage is None:
-                    self._set_broker(True, "")  # once per read, not per message
+                    self._broker_answered()  # once per read, not per message
                 self.health.set("caught_up", caught_up)
                 self._apply_read(messages, flush_runs=caught_up)
                 self._maybe_flush(force=caught_up)
@@ -617,17 +619,14 @@ class MaintenanceUnit:
         first = "redis" not in self.health.report()
         return self.health.set("redis", ok, detail) and not first
 
-    def _set_broker(self, ok: bool, detail: str) -> bool:
-        self.metrics.broker_up.set(int(ok))
-        first = "broker" not in self.health.report()
-        changed = self.health.set("broker", ok, detail) and not first
-        if changed:
-            (log.info if ok else log.error)("broker_reachable" if ok else "broker_unreachable")
-        return changed
+    def _broker_answered(self) -> None:
+        self.metrics.broker_up.set(1)
+        self._broker_watch.ok()
 
     def _on_client_error(self, error: KafkaError) -> None:
+        self._broker_watch.on_error(error)  # the health condition and one line per change
         if error.code() in _BROKER_DOWN:
-            self._set_broker(False, error.str())
+            self.metrics.broker_up.set(0)
             if self._outage is None:
                 self._outage = BrokerOutage(
                     self._clock.monotonic(), self.settings.broker_timeout_s, self._bootstrap
@@ -647,7 +646,7 @@ class MaintenanceUnit:
         # Back with its topics: the group rebalances and every fetch resumes at an
         # offset that must still exist (else _AUTO_OFFSET_RESET above).
         self._outage = None
-        self._set_broker(True, "")
+        self._broker_answered()
 
 
 def _opened(client: T | None) -> T:
