@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from subprocess import Popen
+from typing import cast
 
 import numpy as np
 import pytest
@@ -280,7 +281,7 @@ def test_a_corrupt_snapshot_is_refused_naming_the_part_and_retried(cluster: Clus
     _finish_without_edge(cluster, mu)
     client = redis.Redis.from_url(cluster.redis_url)
     name = f"{cluster.store.current(1)}:view:0"
-    good = client.get(name)
+    good = cast(bytes | None, client.get(name))
     assert good is not None
     client.set(name, good[:200] + bytes([good[200] ^ 1]) + good[201:])  # one flipped bit
     with capture_logs() as logs:

@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
@@ -136,7 +137,7 @@ def test_a_corrupt_snapshot_is_refused_naming_the_part_and_rebuilt(
     vkey = cluster.store.current(0)
     assert vkey is not None
     name = f"{vkey}:{part}"
-    damaged = bytearray(client.get(name) or b"")
+    damaged = bytearray(cast(bytes | None, client.get(name)) or b"")
     damaged[len(damaged) // 2] ^= 0x01
     client.set(name, bytes(damaged))
     cluster.random_traffic(rng, 100, family)

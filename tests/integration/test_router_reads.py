@@ -28,7 +28,7 @@ class Router:
 
     def __init__(self, cluster: Cluster, queries: list[np.ndarray], tmp: Path) -> None:
         archive = tmp / "prompts.npz"
-        np.savez(archive, **{str(i): q for i, q in enumerate(queries)})
+        np.savez(archive, **{str(i): q for i, q in enumerate(queries)})  # type: ignore[arg-type]
         self.proc = subprocess.Popen(
             [
                 sys.executable,

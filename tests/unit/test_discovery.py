@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -255,7 +256,9 @@ class Scenario:
         lengths = [c for c in self.plan.registration_lengths[region] if lo < c <= hi]
         return list(prefix_keys(tokens, lengths, NS).values())
 
-    def set(self, worker: int, tokens: np.ndarray, tier: Tier, lo: int = 0, hi: int = 10**9):
+    def set(
+        self, worker: int, tokens: np.ndarray, tier: Tier, lo: int = 0, hi: int = 10**9
+    ) -> None:
         keys = self.keys(worker, tokens, lo, hi)
         assert keys
         set_tier(self.shards, keys, worker, tier)
@@ -313,7 +316,7 @@ def run_testbed_scenario(scenario: Scenario, exact: bool) -> None:
     """Register, change tiers and evict on the testbed; check every edge's matches."""
     p = prompts(3)
     a, b, c = p["a"], p["b"], p["c"]
-    steps = [
+    steps: list[Callable[[Scenario], None]] = [
         # us workers 0-7, eu 8-9, asia 10-13
         lambda s: s.set(0, a, Tier.VRAM),
         lambda s: s.set(1, b, Tier.DRAM),

@@ -115,7 +115,7 @@ def test_random_edit_sequences_keep_every_bit(seed: int) -> None:
 def test_dirty_words_cover_every_changed_word() -> None:
     rng = random.Random(99)
     graph = OthelloGraph(N_NODES, N_WORDS, MAX_KEYS)
-    kids = []
+    kids: list[int] = []
     for _ in range(200):
         before = graph.words.copy()
         graph.take_dirty_words()
@@ -160,7 +160,7 @@ def rebuild_arrays(pairs: list[tuple[int, int, int]]) -> tuple[np.ndarray, ...]:
 
 def random_forest(rng: random.Random, n_edges: int) -> list[tuple[int, int, int]]:
     edges: Edges = {}
-    pairs = []
+    pairs: list[tuple[int, int, int]] = []
     while len(pairs) < n_edges:
         a, b = random_node_pair(rng)
         if b not in component(edges, a):

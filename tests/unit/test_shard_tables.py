@@ -11,6 +11,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 
 from kvcompass.errors import BadInput, InvariantBroken
 from kvcompass.index import kernel, ludo
@@ -27,11 +28,12 @@ LAYOUT = IndexLayout.from_topology(TOPOLOGY)
 N_SHARDS = 3
 
 
-def keys_of(shard: int, n: int, seed: int = 0) -> np.ndarray:
+def keys_of(shard: int, n: int, seed: int = 0) -> NDArray[np.uint64]:
     """``n`` distinct 63-bit keys owned by ``shard``."""
     rng = np.random.default_rng(seed)
     k = np.unique(rng.integers(0, 1 << 63, 8 * n, dtype=np.uint64))
-    return k[shard_of_array(k, N_SHARDS) == shard][:n]
+    owned: NDArray[np.uint64] = k[shard_of_array(k, N_SHARDS) == shard][:n]
+    return owned
 
 
 def foreign_key(shard: int) -> int:
@@ -293,7 +295,7 @@ def packed_meta(**changes: object) -> bytes:
     raw.update(changes)
     for name in [k for k, v in changes.items() if v is DROP]:
         del raw[name]
-    body = msgpack.packb(raw, use_bin_type=True)
+    body: bytes = msgpack.packb(raw, use_bin_type=True)
     return body + zlib.crc32(body).to_bytes(4, "little")
 
 

@@ -651,7 +651,7 @@ def test_a_write_during_a_read_section_is_never_seen_half_done(
     key in one read section: the reader must retry, never mix old and new values."""
     with Flip.open(prefix) as flip:
         lookup = LudoView.lookup
-        writes = []
+        writes: list[int] = []
 
         def lookup_then_write(view: LudoView, key: int) -> int:
             value = lookup(view, key)

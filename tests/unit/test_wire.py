@@ -272,7 +272,11 @@ def test_fixed_messages_round_trip(tag: str) -> None:
 @pytest.mark.parametrize("tag", sorted(GOLDEN_OLDER_MINOR))
 def test_older_minor_versions_decode_with_the_new_fields_defaulted(tag: str) -> None:
     msg = decode(bytes.fromhex(GOLDEN_OLDER_MINOR[tag]))
-    defaults = {"kv_events": {"worker_incarnation": 0}, "patch_batch": {"owner": ""}}[tag]
+    every: dict[str, dict[str, object]] = {
+        "kv_events": {"worker_incarnation": 0},
+        "patch_batch": {"owner": ""},
+    }
+    defaults = every[tag]
     for name, value in defaults.items():
         assert getattr(msg, name) == value
         assert getattr(FIXED[tag](), name) != value  # the fixed message sets it
@@ -534,7 +538,7 @@ def test_columns_have_wire_dtypes_and_are_read_only() -> None:
         for name, column in columns_of(batch).items():
             assert not column.flags.writeable, name
         with pytest.raises(AttributeError):
-            batch.shard = 3  # type: ignore[misc]
+            batch.shard = 3
     assert "events=4, keys=7" in repr(events_msg())
 
 

@@ -455,15 +455,15 @@ def test_a_grown_table_waits_for_its_snapshot_and_nothing_is_lost() -> None:
         writer.flush(store.persist)
     assert writer.next_seq == 1
     store.fail = None
-    batch = writer.flush(store.persist)
-    assert batch is not None
-    assert batch.seq == 1
-    assert (batch.events_from, batch.events_to) == (0, offset - 1)
-    reload = next(t.patch for t in batch.tables if t.table_id == 0)
+    patches = writer.flush(store.persist)
+    assert patches is not None
+    assert patches.seq == 1
+    assert (patches.events_from, patches.events_to) == (0, offset - 1)
+    reload = next(t.patch for t in patches.tables if t.table_id == 0)
     assert isinstance(reload, TableReload)
     saved = store.saved[reload.snapshot_key]
     assert saved.meta.next_seq == 2  # the snapshot holds this batch's content
-    _apply_view(views, batch, store)
+    _apply_view(views, patches, store)
     keys, values = writer.tables.tables[0].items()
     for k, v in zip(keys.tolist(), values.tolist(), strict=True):
         assert views[0].lookup(k) == v
@@ -573,7 +573,7 @@ def _damaged(how: str) -> ShardSnapshot:
         damaged = bytearray(part[table])
         damaged[len(damaged) // 2] ^= 0x10
         part[table] = bytes(damaged)
-        return replace(snap, **{"keys" if "key" in how else "views": part})
+        return replace(snap, keys=part) if "key" in how else replace(snap, views=part)
     if how == "sequences":
         return replace(snap, meta=replace(snap.meta, worker_seq={"garbage": 1}))
     if how == "n_shards":
