@@ -27,7 +27,8 @@ from kvcompass.services.infra.topics import (
     topic_specs,
 )
 from kvcompass.services.kafka import KafkaLog
-from kvcompass.settings import RunSettings, redact_url
+from kvcompass.services.settings import RunSettings
+from kvcompass.settings import redact_url
 
 __all__ = ["Address", "check_kafka", "check_redis"]
 

@@ -50,8 +50,8 @@ from kvcompass.services.health import Health
 from kvcompass.services.infra import InfraError, InfraSettings
 from kvcompass.services.infra.state import read_state
 from kvcompass.services.preflight import Address, check_kafka, check_redis
+from kvcompass.services.settings import PipelineSettings
 from kvcompass.services.status_server import StatusServer
-from kvcompass.settings import PipelineSettings
 from kvcompass.topology import Topology, builtin_names, load_builtin, load_topology
 
 __all__ = [

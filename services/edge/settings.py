@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvcompass.settings import PipelineSettings, setting
+from kvcompass.services.settings import PipelineSettings
+from kvcompass.settings import setting
 
 __all__ = ["EdgeSettings"]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvcompass.settings import ClusterSettings, setting
+from kvcompass.services.settings import ClusterSettings
+from kvcompass.settings import setting
 
 __all__ = ["InfraSettings"]
 

@@ -24,7 +24,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # documented,
 
 from kvcompass.services.infra.errors import TopicError, TopicPartitionMismatch
 from kvcompass.services.kafka import KafkaLog
-from kvcompass.settings import ClusterSettings
+from kvcompass.services.settings import ClusterSettings
 
 __all__ = [
     "PARTITIONS_ARE_FIXED",

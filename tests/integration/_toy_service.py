@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter
 from kvcompass.errors import ConfigError, InvariantBroken, Transient
 from kvcompass.services.health import Health
 from kvcompass.services.runtime import ServiceSpec, run_service
-from kvcompass.settings import PipelineSettings
+from kvcompass.services.settings import PipelineSettings
 from kvcompass.topology import Topology
 
 
