@@ -10,7 +10,7 @@ deadline. The process shell turns either into exit status 2 and one log line.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,10 +27,10 @@ from kvcompass.services.infra.topics import (
     topic_specs,
 )
 from kvcompass.services.kafka import KafkaLog
-from kvcompass.services.settings import RunSettings
+from kvcompass.services.settings import ClusterSettings, RunSettings
 from kvcompass.settings import redact_url
 
-__all__ = ["Address", "check_kafka", "check_redis"]
+__all__ = ["Address", "check_kafka", "check_redis", "check_topics"]
 
 _REDIS_RETRY_S = 0.1
 
@@ -75,11 +75,24 @@ def check_kafka(
         ) from None
     finally:
         del admin
+    check_topics(settings, topics, topic_fields, bootstrap.value)
+    health.set("broker", True)
+
+
+def check_topics(
+    settings: ClusterSettings,
+    topics: Mapping[str, Any],  # name -> TopicMetadata (not exported to type checkers)
+    topic_fields: Sequence[str],
+    bootstrap: str,
+) -> None:
+    """ConfigError unless ``topics`` (a metadata reply listing every topic: asking for one
+    by name makes Tansu create it) has the topics named by ``topic_fields`` with the
+    partition counts they need. At start, and when a lost broker answers again."""
     names = {getattr(settings, f): f for f in topic_fields}
     for name, field in names.items():
         if name not in topics or topics[name].error is not None:
             raise ConfigError(
-                f"{settings.env_name(field)}={name!r}: no such topic on {bootstrap.value} "
+                f"{settings.env_name(field)}={name!r}: no such topic on {bootstrap} "
                 "(`kvcompass infra up` creates the topics)"
             )
     specs = [s for s in topic_specs(settings) if s.name in names]
@@ -87,7 +100,6 @@ def check_kafka(
     problems = partition_problems(specs, counts)
     if problems:
         raise ConfigError("; ".join(problems) + ". " + PARTITIONS_ARE_FIXED)
-    health.set("broker", True)
 
 
 def check_redis(settings: RunSettings, url: Address, deadline: float, health: Health) -> None:

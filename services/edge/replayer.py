@@ -45,6 +45,7 @@ from kvcompass.services.kafka import (
     consume_ready,
     consumer_config,
 )
+from kvcompass.services.preflight import check_topics
 from kvcompass.services.snapstore import SnapshotStore
 from kvcompass.settings import redact_url
 from kvcompass.shm import SharedIndexWriter
@@ -182,16 +183,8 @@ class EdgeReplayer:
 
     def _check_topic(self, consumer: Consumer, timeout: float) -> None:
         """The patch topic exists with one partition per shard (KafkaException: no answer)."""
-        s = self.settings
-        topic = consumer.list_topics(s.topic_patches, timeout=timeout).topics.get(s.topic_patches)
-        if topic is None or topic.error is not None:
-            why = "missing" if topic is None else str(topic.error)
-            raise ConfigError(f"KVC_TOPIC_PATCHES={s.topic_patches}: topic {why}")
-        if len(topic.partitions) != s.shards:
-            raise ConfigError(
-                f"KVC_SHARDS={s.shards} but topic {s.topic_patches} has "
-                f"{len(topic.partitions)} partitions"
-            )
+        topics = consumer.list_topics(timeout=timeout).topics
+        check_topics(self.settings, topics, ("topic_patches",), self._bootstrap)
 
     # -- the loop ------------------------------------------------------------------------
 

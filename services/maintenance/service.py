@@ -52,6 +52,7 @@ from kvcompass.services.kafka import (
 from kvcompass.services.maintenance.metrics import MaintenanceMetrics
 from kvcompass.services.maintenance.settings import MaintenanceSettings
 from kvcompass.services.maintenance.stream import read_tail
+from kvcompass.services.preflight import check_topics
 from kvcompass.services.snapstore import SnapshotStore
 from kvcompass.settings import redact_url
 from kvcompass.snapshot import ShardSnapshot
@@ -75,6 +76,8 @@ T = TypeVar("T")
 _CONSUME_BATCH = 500
 #: How long start-up checks and takeover reads wait for the broker.
 _BROKER_TIMEOUT_S = 10.0
+#: The settings fields naming the topics this unit reads and writes.
+_TOPICS = ("topic_events", "topic_patches", "topic_events_dlq")
 _BACKOFF_FIRST_S = 0.25
 _BACKOFF_MAX_S = 5.0
 _BROKER_DOWN = frozenset({KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT})
@@ -199,29 +202,15 @@ class MaintenanceUnit:
 
     def _check_topics(self, producer: Producer, timeout_s: float = _BROKER_TIMEOUT_S) -> None:
         """The topics exist, and the shard count is the partition count of both."""
-        s = self.settings
         try:
-            metadata = producer.list_topics(timeout=timeout_s)
+            topics = producer.list_topics(timeout=timeout_s).topics
         except KafkaException as exc:
             raise Transient(
                 f"KVC_KAFKA_BOOTSTRAP={self._bootstrap!r}: no broker answered within "
                 f"{timeout_s:g} s ({exc})"
             ) from None
+        check_topics(self.settings, topics, _TOPICS, self._bootstrap)
         self._broker_answered()
-        wanted = [
-            ("KVC_TOPIC_EVENTS", s.topic_events, s.shards),
-            ("KVC_TOPIC_PATCHES", s.topic_patches, s.shards),
-            ("KVC_TOPIC_EVENTS_DLQ", s.topic_events_dlq, None),
-        ]
-        for variable, topic, partitions in wanted:
-            found = metadata.topics.get(topic)
-            if found is None or found.error is not None:
-                raise ConfigError(f"{variable}={topic!r}: no such topic on {self._bootstrap}")
-            if partitions is not None and len(found.partitions) != partitions:
-                raise ConfigError(
-                    f"KVC_SHARDS={partitions} but topic {topic!r} has "
-                    f"{len(found.partitions)} partitions"
-                )
 
     def _close(self) -> None:
         for consumer in (self._consumer, self._tail):

@@ -45,7 +45,8 @@ def _unit(cluster: Cluster, *, redis_url: str | None = None, **change: Any) -> M
         (
             {"shards": 4},
             ConfigError,
-            r"^KVC_SHARDS=4 but topic 'kvc\.\w+\.events' has 3 partitions$",
+            r"^topic 'kvc\.\w+\.events' exists with 3 partitions but 4 are required "
+            r"\(KVC_SHARDS=4; or set KVC_SHARDS=3",
         ),
         (
             {"topic_patches": "kvc.nowhere"},
