@@ -25,6 +25,13 @@ File format (all built-ins in ``kvcompass/topologies/`` follow it)::
     vram_bytes = 15_032_385_536
     dram_bytes = 68_719_476_736
 
+    [model]                       # optional; the defaults are Llama-3.1-8B (BF16)
+    name = "llama-3.1-8b"         # requests must name it; part of every key's namespace
+    kv_bytes_per_token = 131072   # KV cache size per token (sizes the cache, prices reloads)
+    context_tokens = 131072       # the longest prompt + output the model takes
+    decode_ms_per_step = 9.0      # one decode step of a batch of one sequence
+    decode_ms_per_step_per_seq = 0.15  # added per extra sequence in the batch
+
     [[regions]]
     name = "us"                   # [a-z][a-z0-9_]*: '-' is reserved as the separator below
     workers = 8                   # a count (ids "us-0".."us-7") or an array of tables
@@ -54,6 +61,7 @@ from kvcompass.errors import ConfigError
 __all__ = [
     "AUTO_VALUE_BITS",
     "IndexSettings",
+    "ModelSettings",
     "Region",
     "Topology",
     "TopologyError",
@@ -130,6 +138,33 @@ class IndexSettings:
             raise ValueError(f"local_min_tokens must be positive, got {self.local_min_tokens}")
 
 
+@dataclass(frozen=True)
+class ModelSettings:
+    """The served model: its identity and the constants its cost model needs.
+
+    Defaults are Llama-3.1-8B-Instruct in BF16 (the paper's model, §5.1):
+    - KV per token = 32 layers x 8 KV heads x 128 dims x 2 (K, V) x 2 B = 131,072 B.
+    - context 128K tokens (the model card's 131,072).
+    - decode is memory-bound: one step streams the 16.1 GB of weights, ~9 ms at the
+      RTX 5090's 1.79 TB/s; each further sequence adds its KV reads, ~0.15 ms for a
+      ~2K-token context (2,048 x 128 KiB / 1.79 TB/s). Our derivation, not measured.
+    """
+
+    name: str = "llama-3.1-8b"
+    kv_bytes_per_token: int = 131_072
+    context_tokens: int = 131_072
+    decode_ms_per_step: float = 9.0
+    decode_ms_per_step_per_seq: float = 0.15
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("model name must not be empty")
+        if self.kv_bytes_per_token < 1 or self.context_tokens < 1:
+            raise ValueError("kv_bytes_per_token and context_tokens must be positive")
+        if self.decode_ms_per_step <= 0 or self.decode_ms_per_step_per_seq < 0:
+            raise ValueError("decode step times must be positive (per-sequence: >= 0)")
+
+
 @dataclass(frozen=True, eq=False)
 class Topology:
     """Regions in file order, a symmetric one-way WAN matrix (ms) and the cost constants.
@@ -145,6 +180,7 @@ class Topology:
     gamma_ms_per_token: float
     index: IndexSettings
     intra_region_one_way_ms: float = _DEFAULT_INTRA_REGION_ONE_WAY_MS
+    model: ModelSettings = ModelSettings()
     _region_pos: dict[str, int] = field(init=False, repr=False)
     _workers: tuple[Worker, ...] = field(init=False, repr=False)
     _worker_by_id: dict[str, Worker] = field(init=False, repr=False)
@@ -195,6 +231,7 @@ class Topology:
             self.gamma_ms_per_token,
             self.index,
             self.intra_region_one_way_ms,
+            self.model,
         )
 
     @property
@@ -337,11 +374,34 @@ def _parse(text: str, source: str) -> Topology:
         default=_DEFAULT_INTRA_REGION_ONE_WAY_MS,
     )
     cost.done()
+    model = _read_model(top.table("model", optional=True))
     defaults = _read_worker_params(top.table("worker_defaults", optional=True), (None,) * 3)
     regions = _read_regions(top, defaults)
     wan = _read_wan(top.table("wan", optional=True), [r.name for r in regions])
     top.done()
-    return Topology(name, description, tuple(regions), wan, gamma, index, intra)
+    return Topology(name, description, tuple(regions), wan, gamma, index, intra, model)
+
+
+def _read_model(t: _Table) -> ModelSettings:
+    d = ModelSettings()
+    model = ModelSettings(
+        name=t.string("name", d.name),
+        kv_bytes_per_token=t.integer("kv_bytes_per_token", lo=1, default=d.kv_bytes_per_token),
+        context_tokens=t.integer("context_tokens", lo=1, default=d.context_tokens),
+        decode_ms_per_step=t.number(
+            "decode_ms_per_step", "milliseconds", positive=True, default=d.decode_ms_per_step
+        ),
+        decode_ms_per_step_per_seq=t.number(
+            "decode_ms_per_step_per_seq",
+            "milliseconds",
+            positive=False,
+            default=d.decode_ms_per_step_per_seq,
+        ),
+    )
+    if not model.name:
+        raise t.error("name", "must not be empty")
+    t.done()
+    return model
 
 
 def _read_index(t: _Table) -> IndexSettings:

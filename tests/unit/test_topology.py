@@ -12,6 +12,7 @@ from kvcompass.errors import ConfigError
 from kvcompass.topology import (
     AUTO_VALUE_BITS,
     IndexSettings,
+    ModelSettings,
     Region,
     Topology,
     TopologyError,
@@ -306,3 +307,21 @@ def test_regions_must_be_an_array_of_tables(tmp_path: Path) -> None:
 def test_missing_file_is_a_topology_error(tmp_path: Path) -> None:
     with pytest.raises(TopologyError, match="cannot read file"):
         load_topology(tmp_path / "absent.toml")
+
+
+def test_model_table_defaults_to_llama_8b_and_reads_overrides(tmp_path: Path) -> None:
+    assert load_topology(write(tmp_path, VALID)).model == ModelSettings()
+    assert ModelSettings().kv_bytes_per_token == 32 * 8 * 128 * 2 * 2
+    custom = (
+        VALID + '\n[model]\nname = "tiny-lm"\nkv_bytes_per_token = 4096\ncontext_tokens = 8192\n'
+    )
+    model = load_topology(write(tmp_path, custom)).model
+    assert (model.name, model.kv_bytes_per_token, model.context_tokens) == ("tiny-lm", 4096, 8192)
+    assert model.decode_ms_per_step == ModelSettings().decode_ms_per_step
+
+
+def test_model_table_rejects_unknown_fields_and_bad_values(tmp_path: Path) -> None:
+    with pytest.raises(TopologyError, match=r"model\.kv_bytes: unknown field"):
+        load_topology(write(tmp_path, VALID + "\n[model]\nkv_bytes = 1\n"))
+    with pytest.raises(TopologyError, match=r"model\.decode_ms_per_step: must be a positive"):
+        load_topology(write(tmp_path, VALID + "\n[model]\ndecode_ms_per_step = 0\n"))

@@ -160,7 +160,7 @@ def patch_msg() -> PatchBatch:
 
 
 def queue_msg() -> QueueVector:
-    return QueueVector("eu-west", NOW, 9, ((0, 0.0), (3, 12.5), (U32, 1e9)))
+    return QueueVector("eu-west", NOW, 9, ((0, 0.0), (3, 12.5), (U32, 1e9)), to=("us", "asia"))
 
 
 def dead_letter_msg() -> DeadLetter:
@@ -207,15 +207,20 @@ GOLDEN = {
         "00a2666210a166c408ffff00003412000083a2696402a16706a2736bb36b76633a736e61703a333a"
         "65323a74323a6736a26f77af6b76632d6d752f6b76633a736e6170"
     ),
-    "queue_vector": (
+    "queue_vector": (  # v1.1: destination regions
+        "88a174ac71756575655f766563746f72a176920101a172a765752d77657374a27473cf17979cfe3d"
+        "85cd15a17109a27769c40c0000000003000000ffffffffa2716dc418000000000000000000000000"
+        "000029400000000065cdcd41a2746f92a27573a461736961"
+    ),
+}
+# The same messages in the previous minor versions, written before the optional
+# incarnation / owner / to fields: they still decode, with the fields' defaults.
+GOLDEN_OLDER_MINOR = {
+    "queue_vector": (  # v1.0: no "to"
         "87a174ac71756575655f766563746f72a176920100a172a765752d77657374a27473cf17979cfe3d"
         "85cd15a17109a27769c40c0000000003000000ffffffffa2716dc418000000000000000000000000"
         "000029400000000065cdcd41"
     ),
-}
-# The same messages in the previous minor versions, written before the optional
-# incarnation / owner fields: they still decode, with the fields' defaults.
-GOLDEN_OLDER_MINOR = {
     "kv_events": (  # v2.0: no "wi"
         "8ca174a96b765f6576656e7473a176920200a177aa75732d656173742f7733a172a775732d656173"
         "74a1712aa17307a27473cf17979cfe3d85cd15a16bc40401020301a27472c40401020002a16ec410"
@@ -244,7 +249,7 @@ KV_EVENTS_V1 = (
     "0000000084a16b01a2747202a26c6ec40c400000005000000060000000a26b79c418010000000000"
     "000002000000000000000300000000000000"
 )
-VERSIONS = {"kv_events": [2, 1], "patch_batch": [1, 1], "queue_vector": [1, 0]}
+VERSIONS = {"kv_events": [2, 1], "patch_batch": [1, 1], "queue_vector": [1, 1]}
 VERSIONS["dead_letter"] = [1, 0]
 
 
@@ -275,6 +280,7 @@ def test_older_minor_versions_decode_with_the_new_fields_defaulted(tag: str) -> 
     every: dict[str, dict[str, object]] = {
         "kv_events": {"worker_incarnation": 0},
         "patch_batch": {"owner": ""},
+        "queue_vector": {"to": ()},
     }
     defaults = every[tag]
     for name, value in defaults.items():

@@ -49,7 +49,10 @@ class QueueVector(WireMessage):
 
     ``queues`` holds (worker_index, queue_ms) pairs: the worker's index in the topology
     and its expected queueing delay in milliseconds (finite, ≥ 0). ``seq`` increases per
-    vector the region sends; ``sent_at_ns`` is the sender's wall clock.
+    vector the region sends; ``sent_at_ns`` is the sender's wall clock. ``to`` names the
+    regions whose edges should apply it (empty: all): one topic carries every region's
+    broadcast, and a sender leaves out the regions that a piggybacked vector on a
+    response reached within the broadcast period (paper §3.4).
 
     Wire map, tag ``"queue_vector"``, version 1.0:
 
@@ -61,23 +64,29 @@ class QueueVector(WireMessage):
     q     seq         int 0..2^63-1
     wi    queues      bin: every pair's worker_index, uint32 LE
     qm    queues      bin: every pair's queue_ms, float64 LE (same count)
+    to    to          array of str, optional (absent: all regions; since 1.1)
     ====  ==========  ======================================================
     """
 
     TAG: ClassVar[str] = "queue_vector"
     MAJOR: ClassVar[int] = 1
-    MINOR: ClassVar[int] = 0
+    MINOR: ClassVar[int] = 1
 
     region: str
     sent_at_ns: int
     seq: int
     queues: tuple[tuple[int, float], ...] = ()
+    to: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         set_str(self, "region")
         set_int(self, "sent_at_ns", 0, I64_MAX)
         set_int(self, "seq", 0, I64_MAX)
         object.__setattr__(self, "queues", _queues(self.queues))
+        object.__setattr__(self, "to", _regions(self.to))
+
+    def addressed_to(self, region: str) -> bool:
+        return not self.to or region in self.to
 
     def _body(self) -> dict[str, object]:
         return {
@@ -86,6 +95,7 @@ class QueueVector(WireMessage):
             "q": self.seq,
             "wi": np.array([w for w, _ in self.queues], dtype=_INDEX).tobytes(),
             "qm": np.array([ms for _, ms in self.queues], dtype=_MS).tobytes(),
+            **({"to": list(self.to)} if self.to else {}),
         }
 
     @classmethod
@@ -101,4 +111,14 @@ class QueueVector(WireMessage):
             sent_at_ns=f.integer("ts", "sent_at_ns"),
             seq=f.integer("q", "seq"),
             queues=tuple(zip(workers.tolist(), queue_ms.tolist(), strict=True)),
+            to=_regions(f.raw("to", "to")) if f.has("to") else (),
         )
+
+
+def _regions(value: object) -> tuple[str, ...]:
+    out = []
+    for i, name in enumerate(check_tuple(value, "to")):
+        if type(name) is not str or not name:
+            raise WireError(f"expected a non-empty str, got {kind_of(name)}", f"to[{i}]")
+        out.append(name)
+    return tuple(out)
