@@ -17,7 +17,7 @@ from kvcompass.errors import BadInput
 from kvcompass.index.layout import IndexLayout, Tier
 from kvcompass.index.patches import TablePatch
 from kvcompass.index.view import LudoView
-from kvcompass.keys import Namespace, TokenIds, prefix_keys, shard_of
+from kvcompass.keys import Namespace, PrefixHasher, TokenIds, shard_of
 from kvcompass.levels import LevelPlan
 
 __all__ = [
@@ -65,10 +65,10 @@ class QueryPlanner:
         self.edge_region = edge_region
         self.namespace = namespace
         self._targets = tuple(plan.queries_from(edge_region).items())
-        self._lengths = plan.all_query_lengths(edge_region)
+        self._hasher = PrefixHasher(plan.all_query_lengths(edge_region), namespace, plan.key_hash)
 
     def query(self, tokens: TokenIds) -> MultiLevelQuery:
-        keys = prefix_keys(tokens, self._lengths, self.namespace)
+        keys = self._hasher.keys(tokens)
         return MultiLevelQuery(
             {
                 region: [(n, keys[n]) for n in lengths if n in keys]
