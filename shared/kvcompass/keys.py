@@ -189,14 +189,14 @@ class PrefixHasher:
         data = memoryview(_token_bytes(tokens))
         n_bytes = len(data)
         h = self._new(self._prefix)
-        read = self._read
+        update, read = h.update, self._read
         keys: dict[int, int] = {}
         done = 0
         for c in self.lengths:
             end = c * _TOKEN_BYTES
             if end > n_bytes:
                 break
-            h.update(data[done:end])
+            update(data[done:end])
             keys[c] = read(h)
             done = end
         return keys
