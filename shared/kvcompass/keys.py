@@ -127,9 +127,13 @@ def _u32(n: int) -> bytes:
     return struct.pack("<I", n)
 
 
-def _token_bytes(tokens: TokenIds) -> bytes:
+def _token_bytes(tokens: TokenIds, limit: int) -> bytes | memoryview:
+    """The tokens as uint32 LE bytes; of a uint32 array only the first ``limit``."""
     if isinstance(tokens, np.ndarray) and tokens.dtype == _TOKEN_DTYPE and tokens.ndim == 1:
-        return tokens.tobytes()  # the request path's form: nothing to check
+        # The request path's form: nothing to check, nothing past the longest length to
+        # hash, and nothing to copy if contiguous.
+        head = tokens[:limit]
+        return head.data.cast("B") if head.flags.c_contiguous else head.tobytes()
     if isinstance(tokens, bytes | bytearray | memoryview):
         # A bytes object is also a sequence of small ints; refuse the ambiguity.
         raise TypeError("pass token ids, not bytes (use np.frombuffer(data, '<u4'))")
@@ -178,6 +182,7 @@ class PrefixHasher:
         self.namespace = namespace
         self.key_hash = KeyHash(key_hash)
         self._prefix = namespace.key_prefix(self.key_hash)
+        self._longest = self.lengths[-1] if self.lengths else 0
         self._new, self._read = _HASHES[self.key_hash]
 
     def keys(self, tokens: TokenIds) -> dict[int, int]:
@@ -186,7 +191,7 @@ class PrefixHasher:
         Lengths beyond the prompt are skipped (the prompt has no such prefix). The result
         is ordered by ascending length.
         """
-        data = memoryview(_token_bytes(tokens))
+        data = memoryview(_token_bytes(tokens, self._longest))
         n_bytes = len(data)
         h = self._new(self._prefix)
         update, read = h.update, self._read

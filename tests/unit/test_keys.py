@@ -178,6 +178,10 @@ def test_numpy_and_list_inputs_agree(dtype: str) -> None:
     assert prefix_keys(np.array(tokens, dtype=dtype), [1, 7, 15], NS) == expected
     strided = np.repeat(np.array(tokens, dtype=dtype), 2)[::2]  # non-contiguous view
     assert prefix_keys(strided, np.array([1, 7, 15]), NS) == expected
+    # Lengths short of the prompt: only a head is hashed (uint32 arrays: not even copied).
+    assert prefix_keys(np.array(tokens, dtype=dtype), [1, 7], NS) == {
+        c: expected[c] for c in (1, 7)
+    }
 
 
 @given(
