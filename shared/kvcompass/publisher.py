@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvcompass.index.layout import Tier
-from kvcompass.keys import Namespace, TokenIds, prefix_keys, shard_of
+from kvcompass.keys import Namespace, PrefixHasher, TokenIds, shard_of
 from kvcompass.levels import LevelPlan
 from kvcompass.pipeline.clock import Clock, SystemClock
 from kvcompass.topology import Worker
@@ -72,7 +72,9 @@ class EventPublisher:
         self.namespace = namespace
         self.n_shards = n_shards
         self.max_buffered_keys = max_buffered_keys
-        self._lengths = plan.registration_lengths[worker.region]
+        self._hasher = PrefixHasher(
+            plan.registration_lengths[worker.region], namespace, plan.key_hash
+        )
         self._send = send
         self._pending: dict[int, _Pending] = defaultdict(_Pending)
         self._pending_keys = 0
@@ -94,7 +96,7 @@ class EventPublisher:
     def publish(self, kind: EventKind, tokens: TokenIds, tier: Tier) -> list[KVEventBatch]:
         """Record the change of one cached prefix; returns the batches sent by this call."""
         event = KVEvent(kind, tier)  # refuses a bad kind or tier now, not at the flush
-        keys = prefix_keys(tokens, self._lengths, self.namespace)
+        keys = self._hasher.keys(tokens)
         by_shard: dict[int, list[tuple[int, int]]] = defaultdict(list)
         for length, key in keys.items():
             by_shard[shard_of(key, self.n_shards)].append((length, key))
