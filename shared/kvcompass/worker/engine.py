@@ -108,11 +108,13 @@ class Sequence:
 
 @dataclass(frozen=True, slots=True)
 class Emitted:
-    """Output token ``index`` of ``sequence`` came out at clock time ``at``."""
+    """Output token ``index`` of ``sequence`` came out at clock time ``at``; ``last``
+    when it ends the sequence (read this, not ``sequence.done``, which is the state now)."""
 
     sequence: Sequence
     index: int
     at: float
+    last: bool
 
 
 class MigrationMode(StrEnum):
@@ -308,7 +310,8 @@ class EmulatedEngine:
             self.cache.load(copy.namespace, copy.tokens)
 
     def _emit(self, sequence: Sequence, t: float) -> None:
-        self._emitted.append(Emitted(sequence, sequence.generated, t))
         sequence.generated += 1
-        if sequence.generated >= sequence.request.max_tokens:
+        last = sequence.generated >= sequence.request.max_tokens
+        self._emitted.append(Emitted(sequence, sequence.generated - 1, t, last))
+        if last:
             sequence.finished_at = t
