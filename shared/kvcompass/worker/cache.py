@@ -317,10 +317,7 @@ class PrefixCache:
         self.used[node.tier] -= 1
         node.version += 1
         node.parent = None  # marks it gone for the heaps
-        if parent.parent is not None:
-            self._offer(parent)
-        elif not parent.children:
-            del self._roots[node.namespace]
+        self._offer(parent)  # a root stays, even empty: a prompt may be growing under it
         if node.depth in self._registered_depths:
             tokens = np.frombuffer(parent.path_data() + node.data, dtype=_TOKEN)
             length = node.depth * self.block_size

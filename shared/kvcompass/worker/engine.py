@@ -252,10 +252,11 @@ class EmulatedEngine:
         """Process due events in time order; returns now."""
         now = self._clock.monotonic()
         while (due := self.next_event_at()) is not None and due <= now:
-            if self._decode.step_ends_at == due:
-                self._end_step(due)
-            elif self._prefill is not None and self._prefill.ends_at == due:
+            # A prefill ending with a step joins the step that starts then.
+            if self._prefill is not None and self._prefill.ends_at == due:
                 self._end_prefill(due)
+            elif self._decode.step_ends_at == due:
+                self._end_step(due)
             else:
                 self._end_copies(due)
         return now
