@@ -22,7 +22,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from kvcompass.index.layout import Tier
-from kvcompass.keys import Namespace, prefix_keys
+from kvcompass.keys import Namespace, prefix_keys, shard_of
 from kvcompass.levels import plan_levels
 from kvcompass.loadgen.testing import poll_until
 from kvcompass.services.infra import RunningInfra
@@ -34,6 +34,7 @@ pytestmark = pytest.mark.integration
 TOPOLOGY = load_builtin("testbed-3region")
 MODEL = TOPOLOGY.model.name
 TIME_SCALE = 0.05  # 20x faster than real time
+SHARDS = 4  # KVC_SHARDS default = the partitions of kvc.events the infra creates
 START_S = 60.0  # interpreter start and imports on two busy cores
 
 
@@ -180,6 +181,8 @@ def test_a_completion_reports_its_reuse_and_publishes_its_prefixes(
         found = poll_until(admitted, 10.0, "the admits on kvc.events")
         tiers = {pair: found[pair][0] for pair in expected.items()}
         assert tiers == dict.fromkeys(expected.items(), Tier.VRAM)
+        for pair in expected.items():
+            assert found[pair][1] == shard_of(pair[1], SHARDS)  # partition = the key's shard
 
         status, second = post(host.url("eu-0", "/v1/completions"), body)
         assert status == 200
