@@ -247,3 +247,20 @@ def test_bad_requests_get_openai_errors_and_sigterm_stops_cleanly(host: Host) ->
     assert set(body["error"]) == {"message", "type", "code"}
     host.proc.send_signal(signal.SIGTERM)
     assert host.proc.wait(timeout=30) == 0
+
+
+def test_sigterm_lets_a_stream_in_flight_finish(host: Host) -> None:
+    # 2,000 decode steps of 9 ms at time scale 0.05: about a second of real time.
+    body = {"model": MODEL, "prompt": [3] * 40, "max_tokens": 2000, "stream": True}
+    request = urllib.request.Request(
+        host.url("eu-0", "/v1/completions"), json.dumps(body).encode(),
+        {"content-type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        assert reply.readline().startswith(b"data: {")  # streaming has begun
+        host.proc.send_signal(signal.SIGTERM)
+        rest = reply.read().decode()
+    chunks = [e for e in rest.split("\n\n") if e]
+    assert chunks[-1] == "data: [DONE]"
+    assert json.loads(chunks[-2].removeprefix("data: "))["usage"]["completion_tokens"] == 2000
+    assert host.proc.wait(timeout=30) == 0
