@@ -124,6 +124,9 @@ class WorkerHost:
                     f"{var}={self.settings.worker_port_base}: worker {worker.id} cannot listen "
                     f"on {host}:{port} ({exc.strerror})"
                 ) from None
+            # Accepted sockets inherit it: uvicorn writes a response's head and body
+            # separately, and with Nagle on a keep-alive client's delayed ACK adds 40 ms.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.listen(1024)
             sock.setblocking(False)
             self._sockets.append(sock)
@@ -170,6 +173,7 @@ class WorkerHost:
                         self.topology,
                         queues=functools.partial(self._vector_json, node.worker.region),
                         piggybacked=functools.partial(self._piggybacked, node.worker.region),
+                        deliver=self._deliver,
                         health=self.health,
                         registry=self.registry,
                     ),
@@ -258,6 +262,14 @@ class WorkerHost:
 
     def _send_events(self, shard: int, data: bytes) -> None:
         self._opened().produce(self.settings.topic_events, data, partition=shard)
+
+    async def _deliver(self) -> None:
+        """Wait (off the loop) until the producer delivered what it holds."""
+        producer = self._opened()
+        timeout = min(5.0, self.settings.drain_timeout_s)
+        remaining = await asyncio.to_thread(producer.flush, timeout)
+        if remaining:
+            self.log.warning("events_undelivered", batches=remaining)
 
     def _opened(self) -> Producer:
         if self._producer is None:
