@@ -1,0 +1,75 @@
+"""Routing knobs: the paper's defaults (§3.4, §5.1) and the constants it leaves open.
+
+The three the paper does not fix, and why we chose these values:
+
+- ``tau_ms`` (τ, the capacity price's normaliser): λ = min(λmax, min_r T̂q(r)/τ), so τ is
+  the shortest queue at which recomputing a token costs double. We set it to the prefill
+  of one typical request: 4,096 tokens x β = 0.085 ms/token (RTX 5090, Llama-3.1-8B) ≈
+  350 ms. Then λ ≈ 1 exactly when even the least-loaded worker has one request's worth of
+  work waiting, which is when a recomputation starts to delay somebody else; below that
+  an idle worker exists and recomputing is nearly free (λ → 0), and λmax = 8 is reached
+  at about eight queued requests. 4,096 tokens lies between short chat turns and the
+  Mooncake conversation trace's median prompt (6,909 tokens).
+- ``belief_weight`` (α of the belief EWMA b ← (1-α)·b + α·reused/claimed): 0.2. One false
+  claim (a Ludo false locator, 0.1-1.3 % of lookups in the paper's Table 5) costs a true
+  holder only a fifth of its credit, while a worker whose claims are all false falls
+  below b = 0.5 after four responses and below 0.11 after ten.
+- ``idle_for_s`` (how long a migration target's queue estimate must have stayed at 0):
+  1.0 s, the hot window T_h: the target has been idle for as long as the family took to
+  turn hot, i.e. through at least ten broadcast periods Δ for a remote region.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["Ablations", "RoutingConfig"]
+
+
+@dataclass(frozen=True)
+class Ablations:
+    """Switches for the paper's Fig. 15 ablations; each removes exactly one term."""
+
+    #: False: T̂q(r) and λ are taken as 0 (the score ignores load).
+    load_aware: bool = True
+    #: False: matches in other regions count as 0 (only local holders are reused).
+    xregion_reuse: bool = True
+    #: False: the DRAM reload term γ·b·m is dropped (a DRAM hit looks like a VRAM hit).
+    tier_aware: bool = True
+    #: False: no hot-prefix migration orders.
+    migration: bool = True
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    #: Δ: period of a region's queue broadcast to the other regions (s).
+    broadcast_period_s: float = 0.1
+    #: w: EWMA weight of a queue vector piggybacked on a cross-region response.
+    piggyback_weight: float = 0.5
+    #: λmax: cap of the capacity price.
+    lambda_max: float = 8.0
+    #: τ (ms): see the module docstring.
+    tau_ms: float = 350.0
+    #: H: local misses of a prefix family within ``hot_window_s`` that make it hot.
+    hot_misses: int = 3
+    #: T_h (s): the sliding window of those misses.
+    hot_window_s: float = 1.0
+    #: α of the cache-belief EWMA; see the module docstring.
+    belief_weight: float = 0.2
+    #: A migration target's queue estimate must have been 0 for this long (s).
+    idle_for_s: float = 1.0
+    #: Next-best workers a decision names for a retry.
+    fallbacks: int = 2
+    #: Prefix families the hot tracker remembers (least recently missed ones go first).
+    max_families: int = 65_536
+    ablations: Ablations = field(default_factory=Ablations)
+
+    def __post_init__(self) -> None:
+        if self.broadcast_period_s <= 0 or self.hot_window_s <= 0 or self.tau_ms <= 0:
+            raise ValueError("broadcast_period_s, hot_window_s and tau_ms must be positive")
+        if not 0 < self.piggyback_weight <= 1 or not 0 < self.belief_weight <= 1:
+            raise ValueError("piggyback_weight and belief_weight must be in (0, 1]")
+        if self.lambda_max < 0 or self.idle_for_s < 0:
+            raise ValueError("lambda_max and idle_for_s must be >= 0")
+        if self.hot_misses < 1 or self.fallbacks < 0 or self.max_families < 1:
+            raise ValueError("hot_misses and max_families must be >= 1, fallbacks >= 0")

@@ -1,0 +1,173 @@
+"""The KVCompass policy: keys, one index lookup, the joint score over every worker."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from kvcompass.errors import BadInput
+from kvcompass.index.discovery import QueryPlanner
+from kvcompass.index.reader import IndexNotReady, IndexReader
+from kvcompass.keys import Namespace
+from kvcompass.levels import LevelPlan
+from kvcompass.pipeline.clock import Clock
+from kvcompass.routing.belief import CacheBelief
+from kvcompass.routing.config import RoutingConfig
+from kvcompass.routing.migration import HotPrefixTracker, MigrationOrder, MigrationPlanner
+from kvcompass.routing.policy import Decision, Feedback, RegionQueues, RouteRequest
+from kvcompass.routing.queues import QueueEstimates
+from kvcompass.routing.score import JointScore
+from kvcompass.topology import Topology
+
+__all__ = ["KVCompassPolicy"]
+
+
+class KVCompassPolicy:
+    """Routes one edge region's requests by the joint score (paper §3.4).
+
+    Keys come from a :class:`QueryPlanner` per namespace (built on first use, kept), the
+    matches from ``reader``; belief and queue estimates are updated by the feedback
+    methods. A hot prefix family may add a :class:`MigrationOrder` to a decision.
+    """
+
+    name = "kvcompass"
+
+    def __init__(
+        self,
+        topology: Topology,
+        origin_region: str,
+        reader: IndexReader,
+        plan: LevelPlan,
+        config: RoutingConfig,
+        clock: Clock,
+    ) -> None:
+        self.topology = topology
+        self.origin_region = origin_region
+        self.config = config
+        self._reader = reader
+        self._plan = plan
+        self._clock = clock
+        self._planners: dict[Namespace, QueryPlanner] = {}
+        self.score = JointScore(
+            topology, origin_region, config.ablations, config.lambda_max, config.tau_ms
+        )
+        n = self.score.n_workers
+        self.belief = CacheBelief(n, config.belief_weight)
+        self.queues = QueueEstimates(topology, origin_region, clock, config.piggyback_weight)
+        local = [w.index for w in topology.region(origin_region).workers]
+        self._local = tuple(local)
+        self._no_match = (0,) * n
+        self._top = 1 + config.fallbacks
+        self._migrate = config.ablations.migration
+        self.hot = HotPrefixTracker(config.hot_misses, config.hot_window_s, config.max_families)
+        first = {r: lengths[0] for r, lengths in plan.queries_from(origin_region).items()}
+        self.migrations = MigrationPlanner(
+            local,
+            [first[w.region] for w in topology.workers],
+            topology.index.block_size,
+            config.idle_for_s,
+        )
+        self._family_length = first[origin_region]
+        self._gamma = topology.gamma_ms_per_token
+
+    def _planner(self, namespace: Namespace) -> QueryPlanner:
+        planner = self._planners.get(namespace)
+        if planner is None:
+            planner = self._planners[namespace] = QueryPlanner(
+                self._plan, self.origin_region, namespace
+            )
+        return planner
+
+    def decide(self, request: RouteRequest, explain: bool = False) -> Decision:
+        if request.origin_region != self.origin_region:
+            raise BadInput(
+                f"request from region {request.origin_region!r} at the "
+                f"{self.origin_region!r} edge's policy"
+            )
+        prompt = len(request.tokens)
+        if prompt == 0:
+            raise BadInput("empty prompt")
+        query = self._planner(request.namespace).query(request.tokens)
+        indexed = True
+        lengths: Sequence[int]
+        tiers: Sequence[int]
+        try:
+            match = self._reader.match(query)
+            lengths, tiers = match.lengths, match.tiers
+        except IndexNotReady:
+            lengths = tiers = self._no_match
+            indexed = False
+        score = self.score
+        belief = self.belief.values
+        queues = self.queues.values if score.load_aware else self.queues.blocked
+        lam = score.price(queues)
+        scores = score.scores(prompt, lengths, tiers, belief, queues, lam)
+        order = score.rank(scores, queues, self._top)
+        best = order[0]
+        shown = order if explain else order[:1]
+        candidates = tuple(
+            score.candidate(w, prompt, lengths, tiers, belief, queues, lam, scores[w])
+            for w in shown
+        )
+        claimed = score.credited(best, lengths[best])
+        if not indexed:
+            reason = "no-index"
+        elif claimed:
+            reason = "reuse-remote" if score.remote[best] else "reuse-local"
+        else:
+            reason = "recompute"
+        migration = None
+        if self._migrate and indexed:
+            migration = self._consider_migration(query.per_region, prompt, lengths, best)
+        return Decision(
+            worker=best,
+            worker_id=score.ids[best],
+            region=score.regions[best],
+            reason=reason,
+            claimed_tokens=claimed,
+            lam=lam,
+            candidates=candidates,
+            fallbacks=tuple(order[1 : self._top]),
+            migration=migration,
+        )
+
+    def _consider_migration(
+        self,
+        per_region: Mapping[str, Sequence[tuple[int, int]]],
+        prompt: int,
+        lengths: Sequence[int],
+        best: int,
+    ) -> MigrationOrder | None:
+        """Count a local miss for the request's family; order a replica once it is hot."""
+        if best in self._local and lengths[best]:
+            return None  # served from a local cache: not a miss
+        own = per_region[self.origin_region]
+        if not own or own[0][0] != self._family_length:
+            return None  # shorter than the first chunk: no family
+        family = own[0][1]
+        if not self.hot.miss(family, self._clock.monotonic()):
+            return None
+        idle = [self.queues.idle_for_s(w) for w in range(self.score.n_workers)]
+        order = self.migrations.plan(prompt, lengths, idle)
+        if order is not None:
+            self.hot.reset(family)
+            # The target is busy loading it now (recompute: a prefill; copy: a transfer
+            # we price like a reload); no other hot family should pick it too.
+            w, n = order.target_worker, order.prefix_tokens
+            per_token = self.score.beta[w] if order.mode == "recompute" else self._gamma
+            cost = per_token * n
+            self.queues.add_pending(order.target_worker, cost)
+        return order
+
+    def observe(self, feedback: Feedback) -> None:
+        self.belief.update(feedback.worker, feedback.claimed_tokens, feedback.reused_tokens)
+        if feedback.queue_vector is not None:
+            self.queues.apply(feedback.queue_vector, piggybacked=feedback.cross_region)
+
+    def on_queues(self, queues: RegionQueues) -> None:
+        self.queues.apply(queues, piggybacked=False)
+
+    def on_forward(self, decision: Decision, expected_service_ms: float) -> None:
+        self.queues.add_pending(decision.worker, expected_service_ms)
+
+    def on_failure(self, worker: int) -> None:
+        self.queues.mark_down(worker)

@@ -1,0 +1,169 @@
+"""What a routing policy takes and gives: the one interface every router policy implements.
+
+The edge service builds a policy with :func:`kvcompass.routing.make_policy` and drives it:
+:meth:`RoutingPolicy.decide` per request, then :meth:`~RoutingPolicy.on_forward` when it
+sends the request, :meth:`~RoutingPolicy.observe` with the response,
+:meth:`~RoutingPolicy.on_failure` if the worker did not answer, and
+:meth:`~RoutingPolicy.on_queues` for every queue vector addressed to its region. Policies
+do no I/O and read time only from their clock, so the simulator can drive them too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+from kvcompass.index.layout import Tier
+from kvcompass.keys import Namespace, TokenIds
+from kvcompass.routing.migration import MigrationOrder
+
+__all__ = [
+    "Candidate",
+    "Decision",
+    "Feedback",
+    "RegionQueues",
+    "RouteRequest",
+    "RoutingPolicy",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    request_id: str
+    tokens: TokenIds
+    origin_region: str
+    namespace: Namespace
+
+
+class Candidate(NamedTuple):
+    """One worker's score terms, in ms: ``score = wan_ms + queue_ms + prefill_ms + reload_ms``.
+
+    A named tuple rather than a frozen dataclass: equally immutable, and built in a
+    third of the time (0.6 µs against 1.9 µs here), which the per-request path pays.
+
+    ``wan_ms`` is the round trip from the origin (the request goes there and its tokens
+    come back); ``prefill_ms`` is already priced, (1+λ)·β·(L − belief·matched_tokens);
+    ``reload_ms`` is γ·belief·matched_tokens for a DRAM-resident match, else 0.
+    """
+
+    worker: int
+    worker_id: str
+    region: str
+    wan_ms: float
+    queue_ms: float
+    matched_tokens: int
+    tier: Tier
+    belief: float
+    prefill_ms: float
+    reload_ms: float
+    score: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "worker": self.worker_id,
+            "worker_index": self.worker,
+            "region": self.region,
+            "score_ms": self.score,
+            "wan_ms": self.wan_ms,
+            "queue_ms": self.queue_ms,
+            "prefill_ms": self.prefill_ms,
+            "reload_ms": self.reload_ms,
+            "matched_tokens": self.matched_tokens,
+            "tier": self.tier.name.lower(),
+            "belief": self.belief,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Where to send a request, and why.
+
+    ``reason`` is a short slug: "reuse-local", "reuse-remote", "recompute" (the joint
+    score), "no-index" (the reader could not answer: scored as if nothing matched),
+    "least-loaded", "round-robin", "random". ``claimed_tokens`` is the match the edge
+    claims at that worker (send it to the worker; its reuse report updates the belief).
+    ``candidates`` is ranked best first: every worker when the policy was asked to
+    explain, else only the chosen one (building the rest costs more than the score).
+    ``fallbacks`` are the next-best workers, for one retry.
+    """
+
+    worker: int
+    worker_id: str
+    region: str
+    reason: str
+    claimed_tokens: int
+    lam: float
+    candidates: tuple[Candidate, ...]
+    fallbacks: tuple[int, ...]
+    migration: MigrationOrder | None = None
+
+    @property
+    def expected_service_ms(self) -> float:
+        """The chosen worker's prefill plus reload time, unpriced (for ``on_forward``)."""
+        if not self.candidates:
+            return 0.0
+        best = self.candidates[0]
+        return best.prefill_ms / (1.0 + self.lam) + best.reload_ms
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "worker": self.worker_id,
+            "worker_index": self.worker,
+            "region": self.region,
+            "reason": self.reason,
+            "claimed_tokens": self.claimed_tokens,
+            "lambda": self.lam,
+            "fallbacks": list(self.fallbacks),
+            "migration": None if self.migration is None else self.migration.as_dict(),
+            "candidates": [c.as_dict() for c in self.candidates],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RegionQueues:
+    """A region's per-worker queue estimates (ms), keyed by global worker index.
+
+    ``seq`` increases per vector the region sends; ``sent_at_ns`` is the sender's wall
+    clock, which orders vectors about the same worker that arrive out of order.
+    """
+
+    region: str
+    seq: int
+    sent_at_ns: int
+    queue_ms: Mapping[int, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Feedback:
+    """What a worker's response tells the edge that sent the request."""
+
+    worker: int
+    claimed_tokens: int
+    reused_tokens: int
+    queue_vector: RegionQueues | None
+    cross_region: bool
+
+
+class RoutingPolicy(Protocol):
+    name: str
+
+    def decide(self, request: RouteRequest, explain: bool = False) -> Decision:
+        """Choose a worker. ``explain``: rank every worker in ``candidates`` (slower)."""
+        ...
+
+    def observe(self, feedback: Feedback) -> None:
+        """After each response: belief and queue estimates."""
+        ...
+
+    def on_queues(self, queues: RegionQueues) -> None:
+        """A vector from ``kvc.queues`` addressed to this edge's region."""
+        ...
+
+    def on_forward(self, decision: Decision, expected_service_ms: float) -> None:
+        """The request was sent: count its work on that worker until the next report."""
+        ...
+
+    def on_failure(self, worker: int) -> None:
+        """The worker was unreachable or answered 5xx."""
+        ...

@@ -1,0 +1,139 @@
+"""The joint score (paper §3.4), with every per-worker constant resolved once per edge.
+
+score(r) = WAN(o,r) + T̂q(r) + (1+λ)·β_r·(L − b_r·m_r) + γ·b_r·m_r·1[t_r = dram]
+
+- WAN(o, r): the round trip from the edge's region to r's (the request goes there, its
+  tokens come back), the same RTT that places the first remote level n1 = RTT/β_r, so
+  on an idle pool a remote holder wins exactly when its match is worth the trip.
+- T̂q(r): the edge's queue estimate (:mod:`kvcompass.routing.queues`).
+- λ = min(λmax, min_r T̂q(r)/τ): the capacity price (see ``RoutingConfig.tau_ms``).
+- β_r: worker r's prefill ms per token; b_r its cache belief; m_r, t_r its longest match
+  and tier from the index.
+- γ: the topology's DRAM→VRAM reload ms per token, which the topology derives as KV
+  bytes per token ÷ PCIe host-to-device bandwidth (128 KiB / 50 GB/s on testbed-3region).
+
+The per-request path is plain Python over lists: for 14-128 workers, a list
+comprehension and a pass over the few holders beat numpy's per-call overhead
+(measured in the module's benchmark, ``python -m kvcompass.routing.bench``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import pairwise
+
+from kvcompass.index.layout import Tier
+from kvcompass.routing.config import Ablations
+from kvcompass.routing.policy import Candidate
+from kvcompass.topology import Topology
+
+__all__ = ["JointScore"]
+
+_DRAM = int(Tier.DRAM)
+_TIERS = tuple(Tier)  # by field value: cheaper than Tier(value)
+
+
+class JointScore:
+    """Scores all workers of a topology for requests arriving in ``origin_region``."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        origin_region: str,
+        ablations: Ablations,
+        lambda_max: float,
+        tau_ms: float,
+    ) -> None:
+        workers = topology.workers
+        self.n_workers = len(workers)
+        self.origin_region = origin_region
+        self.ids = tuple(w.id for w in workers)
+        self.regions = tuple(w.region for w in workers)
+        self.wan = tuple(topology.rtt_ms(origin_region, w.region) for w in workers)
+        self.beta = tuple(w.beta_ms_per_token for w in workers)
+        self.remote = tuple(w.region != origin_region for w in workers)
+        self.gamma = topology.gamma_ms_per_token if ablations.tier_aware else 0.0
+        self.load_aware = ablations.load_aware
+        self.xregion_reuse = ablations.xregion_reuse
+        self.lambda_max = lambda_max
+        self.tau_ms = tau_ms
+        # Stable sorts over this order break exact score ties local region first, then
+        # by lower index.
+        self.tie_order = tuple(sorted(range(self.n_workers), key=lambda w: (self.remote[w], w)))
+
+    def price(self, queues: Sequence[float]) -> float:
+        """λ = min(λmax, min_r T̂q(r) / τ); 0 without load awareness."""
+        if not self.load_aware:
+            return 0.0
+        return min(self.lambda_max, min(queues) / self.tau_ms)
+
+    def credited(self, worker: int, matched: int) -> int:
+        """The match the score credits: remote ones count 0 without cross-region reuse."""
+        return matched if self.xregion_reuse or not self.remote[worker] else 0
+
+    def scores(
+        self,
+        prompt_tokens: int,
+        lengths: Sequence[int],
+        tiers: Sequence[int],
+        belief: Sequence[float],
+        queues: Sequence[float],
+        lam: float,
+    ) -> list[float]:
+        """Every worker's score; without load awareness, ``queues`` holds only the
+        failed workers' +inf (``QueueEstimates.blocked``)."""
+        k = 1.0 + lam
+        full = k * prompt_tokens
+        scores = [c + q + b * full for c, q, b in zip(self.wan, queues, self.beta, strict=True)]
+        remote, beta, gamma = self.remote, self.beta, self.gamma
+        xregion = self.xregion_reuse
+        for w, m in enumerate(lengths):
+            if m and (xregion or not remote[w]):
+                e = belief[w] * m
+                scores[w] += (gamma * e if tiers[w] == _DRAM else 0.0) - k * beta[w] * e
+        return scores
+
+    def rank(self, scores: Sequence[float], queues: Sequence[float], top: int) -> list[int]:
+        """Worker indices best first (the first ``top`` at least are exactly ordered).
+
+        Ties: local region first, then lower queue, then lower index.
+        """
+        order = sorted(self.tie_order, key=scores.__getitem__)
+        head = order[: top + 1]
+        for a, b in pairwise(head):
+            if scores[a] == scores[b] and queues[a] != queues[b]:
+                remote = self.remote
+                return sorted(order, key=lambda w: (scores[w], remote[w], queues[w], w))
+        return order
+
+    def candidate(
+        self,
+        worker: int,
+        prompt_tokens: int,
+        lengths: Sequence[int],
+        tiers: Sequence[int],
+        belief: Sequence[float],
+        queues: Sequence[float],
+        lam: float,
+        score: float,
+    ) -> Candidate:
+        """Worker ``worker``'s terms; ``score`` is its entry in :meth:`scores` (their sum)."""
+        m = self.credited(worker, lengths[worker])
+        tier = _TIERS[tiers[worker]] if m else Tier.ABSENT
+        b = belief[worker]
+        e = b * m
+        prefill = (1.0 + lam) * self.beta[worker] * (prompt_tokens - e)
+        reload = self.gamma * e if tier == Tier.DRAM else 0.0
+        return Candidate(
+            worker,
+            self.ids[worker],
+            self.regions[worker],
+            self.wan[worker],
+            queues[worker],
+            m,
+            tier,
+            b,
+            prefill,
+            reload,
+            score,
+        )
