@@ -5,6 +5,7 @@ Usage: kvcompass index-demo [--topology NAME] [--entries N] [--fingerprint-bits 
        kvcompass mu [--help]     (a maintenance unit; settings from KVC_* variables)
        kvcompass edge [--help]   (an edge replayer; settings from KVC_* variables)
        kvcompass router [--help] (an edge router; settings from KVC_* variables)
+       kvcompass worker [--help] (emulated GPU workers; settings from KVC_* variables)
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("mu", help="run a maintenance unit (kvcompass mu --help: its settings)")
     sub.add_parser("edge", help="run an edge replayer (kvcompass edge --help: its settings)")
     sub.add_parser("router", help="run an edge router (kvcompass router --help: its settings)")
+    sub.add_parser(
+        "worker", help="run emulated GPU workers (kvcompass worker --help: its settings)"
+    )
     return parser
 
 
@@ -67,6 +71,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kvcompass.services.runtime import run_service
 
         return run_service(ROUTER, argv[1:])
+    if argv[:1] == ["worker"]:
+        from kvcompass.services.runtime import run_service
+        from kvcompass.services.worker.__main__ import SPEC as WORKER
+
+        return run_service(WORKER, argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "index-demo":
         from kvcompass.loadgen.index_demo import run_index_demo

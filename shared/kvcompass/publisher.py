@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -73,6 +73,7 @@ class EventPublisher:
         self.n_shards = n_shards
         self.max_buffered_keys = max_buffered_keys
         self._lengths = plan.registration_lengths[worker.region]
+        self._registered = frozenset(self._lengths)
         self._send = send
         self._pending: dict[int, _Pending] = defaultdict(_Pending)
         self._pending_keys = 0
@@ -91,10 +92,30 @@ class EventPublisher:
     def evict(self, tokens: TokenIds) -> list[KVEventBatch]:
         return self.publish(EventKind.EVICT, tokens, Tier.ABSENT)
 
-    def publish(self, kind: EventKind, tokens: TokenIds, tier: Tier) -> list[KVEventBatch]:
-        """Record the change of one cached prefix; returns the batches sent by this call."""
+    def publish(
+        self,
+        kind: EventKind,
+        tokens: TokenIds,
+        tier: Tier,
+        *,
+        namespace: Namespace | None = None,
+        lengths: Collection[int] | None = None,
+    ) -> list[KVEventBatch]:
+        """Record the change of one cached prefix; returns the batches sent by this call.
+
+        By default the change covers every registration length up to ``len(tokens)``.
+        A worker whose cache knows which lengths changed (a prompt that extends a held
+        prefix changes only the lengths beyond it) passes them as ``lengths``, a subset
+        of the registration lengths; ``namespace`` overrides the publisher's own (one
+        worker, one incarnation and one numbering, several tenants).
+        """
         event = KVEvent(kind, tier)  # refuses a bad kind or tier now, not at the flush
-        keys = prefix_keys(tokens, self._lengths, self.namespace)
+        if lengths is None:
+            lengths = self._lengths
+        elif not self._registered.issuperset(lengths):
+            unknown = sorted(set(lengths) - self._registered)
+            raise ValueError(f"lengths {unknown} are not registration lengths of {self.worker.id}")
+        keys = prefix_keys(tokens, sorted(lengths), namespace or self.namespace)
         by_shard: dict[int, list[tuple[int, int]]] = defaultdict(list)
         for length, key in keys.items():
             by_shard[shard_of(key, self.n_shards)].append((length, key))

@@ -1,0 +1,56 @@
+"""EventPublisher's explicit lengths and namespace (what the worker's cache passes)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvcompass.index.layout import Tier
+from kvcompass.keys import Namespace, prefix_keys
+from kvcompass.levels import plan_levels
+from kvcompass.pipeline.clock import ManualClock
+from kvcompass.publisher import EventPublisher
+from kvcompass.topology import load_builtin
+from kvcompass.wire import EventKind, KVEventBatch, decode
+
+TOPOLOGY = load_builtin("testbed-3region")
+WORKER = TOPOLOGY.workers[0]
+PLAN = plan_levels(TOPOLOGY)
+OWN = Namespace("llama-3.1-8b")
+TOKENS = np.arange(5000, dtype=np.uint32)
+
+
+def publisher(sent: list[tuple[int, bytes]]) -> EventPublisher:
+    return EventPublisher(
+        WORKER, PLAN, OWN, 4, lambda shard, data: sent.append((shard, data)),
+        incarnation=7, clock=ManualClock(),
+    )  # fmt: skip
+
+
+def keys_sent(sent: list[tuple[int, bytes]]) -> set[tuple[int, int]]:
+    """Every (length, key) pair of the sent batches."""
+    batches = [decode(data) for _, data in sent]
+    assert all(isinstance(b, KVEventBatch) for b in batches)
+    return {
+        pair for b in batches if isinstance(b, KVEventBatch) for e in b.events for pair in e.keys
+    }
+
+
+def test_by_default_a_change_covers_every_registration_length_of_the_prompt() -> None:
+    sent: list[tuple[int, bytes]] = []
+    publisher(sent).admit(TOKENS)
+    lengths = PLAN.registration_lengths[WORKER.region]
+    assert keys_sent(sent) == set(prefix_keys(TOKENS, lengths, OWN).items())
+
+
+def test_explicit_lengths_and_namespace_publish_only_those_keys() -> None:
+    sent: list[tuple[int, bytes]] = []
+    tenant = Namespace("llama-3.1-8b", "tenant-a")
+    chosen = PLAN.registration_lengths[WORKER.region][2:4]
+    publisher(sent).publish(EventKind.ADMIT, TOKENS, Tier.VRAM, namespace=tenant, lengths=chosen)
+    assert keys_sent(sent) == set(prefix_keys(TOKENS, chosen, tenant).items())
+
+
+def test_a_length_that_is_not_registered_is_refused() -> None:
+    with pytest.raises(ValueError, match="not registration lengths"):
+        publisher([]).publish(EventKind.ADMIT, TOKENS, Tier.VRAM, lengths=(17,))
