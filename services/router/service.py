@@ -22,6 +22,7 @@ from kvcompass.errors import ConfigError
 from kvcompass.index.layout import IndexLayout
 from kvcompass.index.reader import IndexReader
 from kvcompass.pipeline.clock import Clock, SystemClock
+from kvcompass.routing import RoutingConfig, make_policy
 from kvcompass.services.health import Health
 from kvcompass.services.router import tokenizer
 from kvcompass.services.router.app import RouterApp
@@ -45,13 +46,7 @@ def routing_policy(
     settings: RouterSettings, topology: Topology, reader: IndexReader, clock: Clock
 ) -> RoutingPolicy:
     """The routing core's policy named by ``KVC_POLICY``."""
-    try:
-        from kvcompass.routing import RoutingConfig, make_policy  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        raise ConfigError(
-            "the routing core (kvcompass.routing) is not installed in this build"
-        ) from None
-    return make_policy(  # type: ignore[no-any-return,unused-ignore]
+    return make_policy(
         settings.policy, topology, settings.region, reader, config=RoutingConfig(), clock=clock
     )
 
