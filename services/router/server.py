@@ -54,7 +54,10 @@ def serve(
     stopping: Callable[[], Awaitable[None]],
 ) -> None:
     """Run ``app`` on ``sock`` under uvloop until ``stop`` is set; ``started`` runs on the
-    loop before serving, ``stopping`` after the server has drained."""
+    loop before serving, ``stopping`` after the server has drained.
+
+    The loop runs in a thread of its own: an event loop in the main thread installs its
+    own signal wakeup fd, which would hide SIGTERM from the process shell's watcher."""
     import uvloop
 
     server = QuietServer(config(app))
@@ -71,4 +74,16 @@ def serve(
             await watcher
             await stopping()
 
-    uvloop.run(main())
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            uvloop.run(main())
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="router-loop")
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]

@@ -8,6 +8,7 @@ own policy state and metrics; they share the edge's shared-memory views.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -37,6 +38,8 @@ from kvcompass.services.router.views import EdgeViews
 from kvcompass.topology import Topology
 
 __all__ = ["PolicyFactory", "RouterService", "routing_policy"]
+
+_VIEWS_CHECK_S = 0.25
 
 #: Builds the policy of one router process.
 PolicyFactory = Callable[[RouterSettings, Topology, IndexReader, Clock], RoutingPolicy]
@@ -74,6 +77,7 @@ class RouterService:
         clock = clock or SystemClock()
         urls = worker_urls(settings.worker_endpoints, topology)
         self.views = EdgeViews(settings.shm_prefix, IndexLayout.from_topology(topology))
+        health.set("views", False, "not checked yet")
         policy = policy_factory(settings, topology, self.views, clock)
         self.router = RouterApp(
             topology=topology,
@@ -105,6 +109,7 @@ class RouterService:
             metrics=self.router.metrics,
         )
         self._loop_call: Callable[..., object] | None = None
+        self._watcher: asyncio.Task[None]
         try:
             self._socket = reuse_port_socket(settings.router_host, settings.router_port)
         except OSError as exc:
@@ -144,10 +149,16 @@ class RouterService:
         self._socket.close()
 
     def run(self, stop: threading.Event) -> None:
-        async def started() -> None:
-            import asyncio
+        async def watch_views() -> None:
+            # /readyz on either port reads Health: keep the views' condition current.
+            while True:
+                self.router.health.set("views", self.views.ready(), self.views.detail)
+                await asyncio.sleep(_VIEWS_CHECK_S)
 
-            self._loop_call = asyncio.get_running_loop().call_soon_threadsafe
+        async def started() -> None:
+            loop = asyncio.get_running_loop()
+            self._loop_call = loop.call_soon_threadsafe
+            self._watcher = loop.create_task(watch_views())
             self._log.info(
                 "listening",
                 host=self._settings.router_host,
@@ -158,5 +169,6 @@ class RouterService:
 
         async def stopping() -> None:
             self._loop_call = None
+            self._watcher.cancel()
 
         serve(self.router.app, self._socket, stop, started=started, stopping=stopping)
