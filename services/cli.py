@@ -4,6 +4,7 @@ Usage: kvcompass index-demo [--topology NAME] [--entries N] [--fingerprint-bits 
        kvcompass infra up|status|down [--json]
        kvcompass mu [--help]     (a maintenance unit; settings from KVC_* variables)
        kvcompass edge [--help]   (an edge replayer; settings from KVC_* variables)
+       kvcompass router [--help] (an edge router; settings from KVC_* variables)
        kvcompass worker [--help] (emulated GPU workers; settings from KVC_* variables)
 """
 
@@ -41,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("infra", help="start, inspect or stop the local Kafka broker and Redis")
     sub.add_parser("mu", help="run a maintenance unit (kvcompass mu --help: its settings)")
     sub.add_parser("edge", help="run an edge replayer (kvcompass edge --help: its settings)")
+    sub.add_parser("router", help="run an edge router (kvcompass router --help: its settings)")
     sub.add_parser(
         "worker", help="run emulated GPU workers (kvcompass worker --help: its settings)"
     )
@@ -64,6 +66,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kvcompass.services.runtime import run_service
 
         return run_service(EDGE, argv[1:])
+    if argv[:1] == ["router"]:
+        from kvcompass.services.router.__main__ import SPEC as ROUTER
+        from kvcompass.services.runtime import run_service
+
+        return run_service(ROUTER, argv[1:])
     if argv[:1] == ["worker"]:
         from kvcompass.services.runtime import run_service
         from kvcompass.services.worker.__main__ import SPEC as WORKER

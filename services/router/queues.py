@@ -1,0 +1,130 @@
+"""The kvc.queues consumer: every region's queue vectors, applied to this edge's policy
+when addressed to its region and fresh.
+
+The embedded broker (Tansu) can neither seek by time (``offsets_for_times`` answers 0)
+nor report a correct end offset when batches hold several records, so the consumer reads
+every partition from the start, without a group, and skips vectors older than
+``max_age_s`` by their ``sent_at_ns``: a long topic replays in a few fetches and nothing
+stale reaches the policy. A thread of its own runs the librdkafka client; each vector is
+handed to the event loop, the only place that touches the policy.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+
+import structlog
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+from kvcompass.pipeline.clock import Clock
+from kvcompass.services.health import Health
+from kvcompass.services.kafka import BrokerWatch, consume_ready, consumer_config
+from kvcompass.services.router.metrics import RouterMetrics
+from kvcompass.services.router.policy import RegionQueues
+from kvcompass.wire import QueueVector, WireError, decode
+
+__all__ = ["QueueConsumer", "region_queues"]
+
+_POLL_S = 0.2  # how often the thread looks at its stop flag when the topic is quiet
+
+
+def region_queues(vector: QueueVector) -> RegionQueues:
+    return RegionQueues(vector.region, vector.seq, vector.sent_at_ns, dict(vector.queues))
+
+
+class QueueConsumer:
+    """Reads ``topic`` until :meth:`close`; ``apply`` gets each fresh vector for
+    ``region`` (called from the consumer thread: it must hand over to the loop)."""
+
+    def __init__(
+        self,
+        *,
+        bootstrap: str,
+        topic: str,
+        region: str,
+        fetch_wait_ms: int,
+        max_age_s: float,
+        apply: Callable[[RegionQueues], None],
+        clock: Clock,
+        health: Health,
+        metrics: RouterMetrics,
+    ) -> None:
+        self._topic = topic
+        self._region = region
+        self._max_age_ns = int(max_age_s * 1e9)
+        self._apply = apply
+        self._clock = clock
+        self._health = health
+        self._metrics = metrics
+        self._log = structlog.get_logger("kvcompass.router.queues")
+        self._last_sent_ns: dict[str, int] = {}
+        self._watch = BrokerWatch(health)
+        # No group: offsets are never committed; the group id only satisfies librdkafka.
+        self._consumer = Consumer(
+            consumer_config(
+                bootstrap,
+                f"kvc-router-{region}",
+                fetch_wait_ms,
+                **self._watch.client_config(),
+                **{"enable.partition.eof": True},
+            )
+        )
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="queue-consumer", daemon=True)
+        health.set("queues", False, "not started")
+
+    def start(self) -> None:
+        metadata = self._consumer.list_topics(self._topic, timeout=10)
+        partitions = sorted(metadata.topics[self._topic].partitions)
+        self._consumer.assign(
+            [TopicPartition(self._topic, p, OFFSET_BEGINNING) for p in partitions]
+        )
+        self._pending_eof = set(partitions)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._consumer.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for message in consume_ready(self._consumer, 500, _POLL_S):
+                error = message.error()
+                if error is None:
+                    self._watch.ok()
+                    self._record(message.value())
+                elif error.code() == KafkaError._PARTITION_EOF:
+                    self._pending_eof.discard(message.partition())
+                    if not self._pending_eof:
+                        self._health.set("queues", True)  # caught up once: ready
+                else:
+                    self._log.warning("queues_error", error=error.str())
+
+    def _record(self, value: bytes | None) -> None:
+        try:
+            vector = decode(value or b"", QueueVector)
+        except WireError as exc:
+            self._metrics.queue_vectors.labels("bad").inc()
+            self._log.warning("bad_queue_vector", error=str(exc))
+            return
+        if not vector.addressed_to(self._region):
+            self._metrics.queue_vectors.labels("not_addressed").inc()
+            return
+        age_ns = self._clock.wall_ns() - vector.sent_at_ns
+        if age_ns > self._max_age_ns:
+            self._metrics.queue_vectors.labels("stale").inc()
+            return
+        self._metrics.queue_vectors.labels("applied").inc()
+        if vector.region not in self._last_sent_ns:  # the gauge reads the age when scraped
+            self._metrics.queue_age.labels(vector.region).set_function(
+                functools.partial(self._age_s, vector.region)
+            )
+        self._last_sent_ns[vector.region] = vector.sent_at_ns
+        self._apply(region_queues(vector))
+
+    def _age_s(self, region: str) -> float:
+        return max(0, self._clock.wall_ns() - self._last_sent_ns[region]) / 1e9
