@@ -4,6 +4,7 @@ Usage: kvcompass index-demo [--topology NAME] [--entries N] [--fingerprint-bits 
        kvcompass infra up|status|down [--json]
        kvcompass mu [--help]     (a maintenance unit; settings from KVC_* variables)
        kvcompass edge [--help]   (an edge replayer; settings from KVC_* variables)
+       kvcompass wanproxy [--help]   (the WAN delay proxy; settings from KVC_* variables)
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("infra", help="start, inspect or stop the local Kafka broker and Redis")
     sub.add_parser("mu", help="run a maintenance unit (kvcompass mu --help: its settings)")
     sub.add_parser("edge", help="run an edge replayer (kvcompass edge --help: its settings)")
+    sub.add_parser(
+        "wanproxy", help="run the WAN delay proxy (kvcompass wanproxy --help: its settings)"
+    )
     return parser
 
 
@@ -55,6 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kvcompass.services.runtime import run_service
 
         return run_service(MU, argv[1:])
+    if argv[:1] == ["wanproxy"]:
+        from kvcompass.services.wanproxy.__main__ import main as wanproxy_main
+
+        return wanproxy_main(argv[1:])
     if argv[:1] == ["edge"]:
         from kvcompass.services.edge.__main__ import SPEC as EDGE
         from kvcompass.services.runtime import run_service

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from kvcompass.services.edge.settings import EdgeSettings
 from kvcompass.services.maintenance.settings import MaintenanceSettings
+from kvcompass.services.wanproxy.settings import WanProxySettings
 from kvcompass.settings import EnvSettings
 
 __all__ = ["settings_table"]
@@ -35,6 +36,7 @@ def main() -> None:
     for readme, settings in (
         ("maintenance/README.md", MaintenanceSettings),
         ("edge/README.md", EdgeSettings),
+        ("wanproxy/README.md", WanProxySettings),
     ):
         path = services / readme
         text = path.read_text()

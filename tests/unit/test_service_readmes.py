@@ -10,6 +10,7 @@ import pytest
 from kvcompass.services.edge.settings import EdgeSettings
 from kvcompass.services.maintenance.settings import MaintenanceSettings
 from kvcompass.services.readme import settings_table
+from kvcompass.services.wanproxy.settings import WanProxySettings
 from kvcompass.settings import EnvSettings
 
 SERVICES = Path(__file__).resolve().parents[2] / "services"
@@ -17,7 +18,11 @@ SERVICES = Path(__file__).resolve().parents[2] / "services"
 
 @pytest.mark.parametrize(
     ("readme", "settings"),
-    [("maintenance/README.md", MaintenanceSettings), ("edge/README.md", EdgeSettings)],
+    [
+        ("maintenance/README.md", MaintenanceSettings),
+        ("edge/README.md", EdgeSettings),
+        ("wanproxy/README.md", WanProxySettings),
+    ],
 )
 def test_readme_settings_table_matches_the_settings_class(
     readme: str, settings: type[EnvSettings]
