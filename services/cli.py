@@ -5,6 +5,7 @@ Usage: kvcompass index-demo [--topology NAME] [--entries N] [--fingerprint-bits 
        kvcompass mu [--help]     (a maintenance unit; settings from KVC_* variables)
        kvcompass edge [--help]   (an edge replayer; settings from KVC_* variables)
        kvcompass wanproxy [--help]   (the WAN delay proxy; settings from KVC_* variables)
+       kvcompass loadgen [options]   (replay a workload against the edge routers; --help)
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "wanproxy", help="run the WAN delay proxy (kvcompass wanproxy --help: its settings)"
     )
+    sub.add_parser(
+        "loadgen", help="replay a workload against the edge routers (kvcompass loadgen --help)"
+    )
     return parser
 
 
@@ -63,6 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kvcompass.services.wanproxy.__main__ import main as wanproxy_main
 
         return wanproxy_main(argv[1:])
+    if argv[:1] == ["loadgen"]:
+        from kvcompass.loadgen.cli import main as loadgen_main
+
+        return loadgen_main(argv[1:])
     if argv[:1] == ["edge"]:
         from kvcompass.services.edge.__main__ import SPEC as EDGE
         from kvcompass.services.runtime import run_service
