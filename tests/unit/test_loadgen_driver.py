@@ -20,6 +20,8 @@ from kvcompass.loadgen.driver import DriverConfig, RunResult, drive
 from kvcompass.loadgen.records import RequestRecord, read_records
 from kvcompass.loadgen.summary import render_side_by_side, summarize
 from kvcompass.loadgen.workloads import LiveRequest
+from kvcompass.services.wanproxy import WanProxy, plan_links
+from kvcompass.topology import load_builtin
 
 FAIL = 999_001  # a prompt starting with this gets a 503 with an OpenAI error body
 CUT = 999_002  # ... a stream that ends without [DONE]
@@ -284,3 +286,32 @@ def test_command_line_writes_records_and_prints_the_summary(
     printed = capsys.readouterr().out
     assert printed.splitlines()[0].split() == ["region", "metric", "kvcompass"]
     assert json.loads(summary.read_text())["regions"][-1]["requests"] == 12
+
+
+def test_streaming_through_the_wan_proxy_pays_the_round_trip(standin: StandIn) -> None:
+    """Origin asia → a worker in eu behind the WAN proxy (149 ms one way, scaled to
+    25 ms): the first SSE chunk arrives one round trip after the stand-in's prefill,
+    and the later chunks follow at the stand-in's pace."""
+    topology = load_builtin("testbed-3region")
+    host, port = standin.url.removeprefix("http://").split(":")
+    links = plan_links(topology, {"eu-1": (host, int(port))}, origins=("asia",))
+    scale = 25.0 / topology.wan_ms("asia", "eu")
+
+    async def run() -> list[RequestRecord]:
+        records: list[RequestRecord] = []
+        async with WanProxy(
+            topology, {"eu-1": (host, int(port))}, links, time_scale=scale
+        ) as proxy:
+            routers = {"asia": proxy.endpoints["asia"]["eu-1"]}
+            config = DriverConfig(routers, {"tenant-a": "key-a"}, "m", timeout_s=10)
+            requests = [_request(0, 0.0, origin="asia", max_tokens=5)]
+            await asyncio.wait_for(drive(requests, config, records.append), 30)
+        return records
+
+    (record,) = asyncio.run(run())
+    assert record.ok
+    assert record.ttft_ms is not None
+    assert record.e2e_ms is not None
+    assert record.ttft_ms >= FIRST_CHUNK_S * 1000 + 2 * 25.0
+    assert 4 * STEP_S * 1000 <= record.e2e_ms - record.ttft_ms < 4 * STEP_S * 1000 + 200
+    assert record.cross_region
