@@ -10,6 +10,7 @@ import itertools
 import json
 import sys
 import textwrap
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
@@ -237,10 +238,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             bar.update(1)
             bar.set_postfix(errors=errors, refresh=False)
 
-        result = asyncio.run(drive(requests, config, on_record))
+        start = time.perf_counter()
+        try:
+            duration_s = asyncio.run(drive(requests, config, on_record)).duration_s
+            interrupted = False
+        except KeyboardInterrupt:  # Ctrl-C: summarise what came back so far
+            duration_s = time.perf_counter() - start
+            interrupted = True
     regions = [r.name for r in topology.regions]
-    summary = summarize(args.name, records, result.duration_s, regions)
+    summary = summarize(args.name, records, duration_s, regions)
     print(render_side_by_side([summary]))
     if args.summary_json:
         args.summary_json.write_text(json.dumps(dataclasses.asdict(summary), indent=2) + "\n")
+    if interrupted:
+        print(
+            "kvcompass loadgen: interrupted; the summary covers finished requests", file=sys.stderr
+        )
+        return 130
     return 1 if records and not any(r.ok for r in records) else 0

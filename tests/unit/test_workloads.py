@@ -202,3 +202,9 @@ def test_trace_replay_times_regions_caps_and_file_reading(tmp_path: Path) -> Non
     poisson = list(TraceWorkload(records, SHARES, TraceConfig(rate=100.0)).requests())
     assert poisson[0].at_s > 0
     assert len(poisson) == len(records)
+
+
+def test_readme_documents_every_synthetic_parameter() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "loadgen" / "README.md").read_text()
+    for name, default, _ in SyntheticConfig.parameters():
+        assert f"| `{name}` | `{default}` |" in readme, name
