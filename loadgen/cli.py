@@ -4,24 +4,19 @@ time at its arrival time (open loop), and report per origin region."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
-import itertools
 import json
 import sys
 import textwrap
-import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
-from kvcompass.loadgen.driver import DriverConfig, drive
-from kvcompass.loadgen.records import RequestRecord, write_record
-from kvcompass.loadgen.summary import render_side_by_side, summarize
+from kvcompass.loadgen.driver import DriverConfig
+from kvcompass.loadgen.replay import replay
+from kvcompass.loadgen.summary import render_side_by_side
 from kvcompass.loadgen.workloads import (
     LiveRequest,
     RegionShares,
@@ -29,6 +24,7 @@ from kvcompass.loadgen.workloads import (
     SyntheticWorkload,
     TraceConfig,
     TraceWorkload,
+    bounded,
     read_trace,
 )
 from kvcompass.topology import Topology, builtin_names, load_builtin, load_topology
@@ -175,11 +171,7 @@ def workload(args: argparse.Namespace, topology: Topology) -> Iterator[LiveReque
         if args.max_tokens is not None:
             cap = args.max_tokens
             requests = (dataclasses.replace(r, max_tokens=min(r.max_tokens, cap)) for r in requests)
-    if args.duration is not None:
-        requests = itertools.takewhile(lambda r: r.at_s < args.duration, requests)
-    if args.requests is not None:
-        requests = itertools.islice(requests, args.requests)
-    return requests
+    return bounded(requests, args.duration, args.requests)
 
 
 def _describe(requests: Sequence[LiveRequest]) -> str:
@@ -222,37 +214,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, KeyError, OSError) as exc:
         print(f"kvcompass loadgen: {exc}", file=sys.stderr)
         return 2
-    records: list[RequestRecord] = []
-    with ExitStack() as stack:
-        out = stack.enter_context(open(args.out, "w")) if args.out else None
-        show = sys.stderr.isatty() if args.progress is None else args.progress
-        bar = stack.enter_context(tqdm(total=args.requests, unit="req", disable=not show))
-        errors = 0
-
-        def on_record(record: RequestRecord) -> None:
-            nonlocal errors
-            records.append(record)
-            if out is not None:
-                write_record(out, record)
-            errors += not record.ok
-            bar.update(1)
-            bar.set_postfix(errors=errors, refresh=False)
-
-        start = time.perf_counter()
-        try:
-            duration_s = asyncio.run(drive(requests, config, on_record)).duration_s
-            interrupted = False
-        except KeyboardInterrupt:  # Ctrl-C: summarise what came back so far
-            duration_s = time.perf_counter() - start
-            interrupted = True
+    show = sys.stderr.isatty() if args.progress is None else args.progress
     regions = [r.name for r in topology.regions]
-    summary = summarize(args.name, records, duration_s, regions)
+    result = replay(
+        requests,
+        config,
+        name=args.name,
+        regions=regions,
+        out=args.out,
+        progress=show,
+        total=args.requests,
+    )
+    summary = result.summary
     print(render_side_by_side([summary]))
     if args.summary_json:
         args.summary_json.write_text(json.dumps(dataclasses.asdict(summary), indent=2) + "\n")
-    if interrupted:
+    if result.interrupted:
         print(
             "kvcompass loadgen: interrupted; the summary covers finished requests", file=sys.stderr
         )
         return 130
-    return 1 if records and not any(r.ok for r in records) else 0
+    return 1 if result.records and not any(r.ok for r in result.records) else 0

@@ -10,7 +10,7 @@ from kvcompass.loadgen.workloads.mooncake import (
     trace_sessions,
 )
 from kvcompass.loadgen.workloads.regions import RegionShares
-from kvcompass.loadgen.workloads.request import LiveRequest
+from kvcompass.loadgen.workloads.request import LiveRequest, bounded
 from kvcompass.loadgen.workloads.synthetic import SyntheticConfig, SyntheticWorkload
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "TraceConfig",
     "TraceRecord",
     "TraceWorkload",
+    "bounded",
     "poisson_times",
     "read_trace",
     "scaled_times",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-__all__ = ["LiveRequest"]
+__all__ = ["LiveRequest", "bounded"]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -26,3 +28,13 @@ class LiveRequest:
     max_tokens: int
     session: str
     request_id: str
+
+
+def bounded(
+    requests: Iterable[LiveRequest], duration_s: float | None = None, count: int | None = None
+) -> Iterator[LiveRequest]:
+    """The requests arriving before ``duration_s``, at most ``count`` of them."""
+    it = iter(requests)
+    if duration_s is not None:
+        it = itertools.takewhile(lambda r: r.at_s < duration_s, it)
+    return it if count is None else itertools.islice(it, count)
