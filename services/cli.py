@@ -6,6 +6,8 @@ Usage: kvcompass index-demo [--topology NAME] [--entries N] [--fingerprint-bits 
        kvcompass edge [--help]   (an edge replayer; settings from KVC_* variables)
        kvcompass router [--help] (an edge router; settings from KVC_* variables)
        kvcompass worker [--help] (emulated GPU workers; settings from KVC_* variables)
+       kvcompass wanproxy [--help]   (the WAN delay proxy; settings from KVC_* variables)
+       kvcompass loadgen [options]   (replay a workload against the edge routers; --help)
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "worker", help="run emulated GPU workers (kvcompass worker --help: its settings)"
     )
+    sub.add_parser(
+        "wanproxy", help="run the WAN delay proxy (kvcompass wanproxy --help: its settings)"
+    )
+    sub.add_parser(
+        "loadgen", help="replay a workload against the edge routers (kvcompass loadgen --help)"
+    )
     return parser
 
 
@@ -61,6 +69,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kvcompass.services.runtime import run_service
 
         return run_service(MU, argv[1:])
+    if argv[:1] == ["wanproxy"]:
+        from kvcompass.services.wanproxy.__main__ import main as wanproxy_main
+
+        return wanproxy_main(argv[1:])
+    if argv[:1] == ["loadgen"]:
+        from kvcompass.loadgen.cli import main as loadgen_main
+
+        return loadgen_main(argv[1:])
     if argv[:1] == ["edge"]:
         from kvcompass.services.edge.__main__ import SPEC as EDGE
         from kvcompass.services.runtime import run_service
