@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -30,7 +31,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from kvcompass.services.infra import Infra, InfraSettings, RunningInfra
-from kvcompass.services.infra.processes import free_port, log_tail
+from kvcompass.services.infra.processes import log_tail
 from kvcompass.shm import remove_segments
 from kvcompass.topology import Topology
 
@@ -82,8 +83,10 @@ class LocalStack:
         self.logs = config.workdir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.shm_prefixes = {r.name: f"kvc{self.tag}{r.name}" for r in self.topology.regions}
-        self.worker_ports = {w.id: free_port("127.0.0.1") for w in self.topology.workers}
-        self.router_ports = {r.name: free_port("127.0.0.1") for r in self.topology.regions}
+        # Chosen together, after the broker and Redis took theirs (see _start_infra).
+        self.worker_ports: dict[str, int] = {}
+        self.router_ports: dict[str, int] = {}
+        self._status_ports: list[int] = []
         self.infra: RunningInfra | None = None
         self._components: dict[str, _Component] = {}
         self._order: list[str] = []
@@ -99,36 +102,33 @@ class LocalStack:
         return f"http://127.0.0.1:{self.worker_ports[worker_id]}"
 
     def start(self, progress: Callable[[str], None] = lambda _: None) -> None:
+        """Bring every component up, a dependency stage at a time, in parallel within one."""
         try:
             progress("broker + redis")
             self._start_infra()
-            progress("maintenance unit")
-            self._launch(self._mu())
-            for region in self.topology.regions:
-                progress(f"edge {region.name}")
-                self._launch(self._edge(region.name))
-            for region in self.topology.regions:
-                progress(f"workers {region.name}")
-                self._launch(self._workers(region.name))
-            progress("wan proxy")
-            self._launch(self._wanproxy())
+            # Workers and the proxy need only the broker; the MU must own its shards
+            # (and snapshot them) before an edge can bootstrap.
+            progress("maintenance unit, workers, wan proxy")
+            self._launch(
+                self._mu(),
+                *(self._workers(r.name) for r in self.topology.regions),
+                self._wanproxy(),
+            )
             self._proxy_map = self._read_proxy_map()
+            progress("edges")
+            self._launch(*(self._edge(r.name) for r in self.topology.regions))
             self.start_routers(self.config.policy, progress)
         except BaseException:
             self.stop()
             raise
 
-    def start_routers(
-        self, policy: str, progress: Callable[[str], None] = lambda _: None
-    ) -> None:
+    def start_routers(self, policy: str, progress: Callable[[str], None] = lambda _: None) -> None:
         """(Re)start every region's router with ``policy`` (fresh estimates and beliefs)."""
-        for region in self.topology.regions:
-            name = f"router-{region.name}"
-            if name in self._components:
-                self._terminate(self._components.pop(name))
-                self._order.remove(name)
-            progress(f"router {region.name} ({policy})")
-            self._launch(self._router(region.name, policy))
+        old = [self._components.pop(n) for n in list(self._order) if n.startswith("router-")]
+        self._order = [n for n in self._order if not n.startswith("router-")]
+        self._terminate(*old)
+        progress(f"routers ({policy})")
+        self._launch(*(self._router(r.name, policy) for r in self.topology.regions))
 
     def check_alive(self) -> None:
         """Raise :class:`ComponentFailed` for the first component that has exited."""
@@ -147,12 +147,14 @@ class LocalStack:
             comp.popen.kill()
             comp.popen.wait(30)
 
-    def post_json(self, url: str, body: Mapping[str, Any], timeout: float = 30.0) -> Any:
-        request = urllib.request.Request(
-            url,
-            data=json.dumps(body).encode(),
-            headers={"content-type": "application/json", **self._auth()},
-        )
+    def post_json(
+        self, url: str, body: Mapping[str, Any], key: str | None = None, timeout: float = 30.0
+    ) -> Any:
+        """POST ``body`` as JSON (with ``Bearer key`` if given); the decoded answer."""
+        headers = {"content-type": "application/json"}
+        if key is not None:
+            headers["authorization"] = f"Bearer {key}"
+        request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
         with urllib.request.urlopen(request, timeout=timeout) as reply:
             return json.loads(reply.read())
 
@@ -162,10 +164,14 @@ class LocalStack:
             self.post_json(self.worker_url(worker.id) + "/admin/reset", {})
 
     def stop(self) -> None:
-        """Stop routers first, then workers, proxy, edges, the MU, and the servers."""
-        for name in reversed(self._order):
-            self._terminate(self._components[name])
-        self._components.clear()
+        """Stop the routers, then the edges, then the rest, then the broker and Redis."""
+        stages = [
+            [n for n in self._order if n.startswith("router-")],
+            [n for n in self._order if n.startswith("edge-")],
+            list(self._order),
+        ]
+        for names in stages:
+            self._terminate(*(self._components.pop(n) for n in names if n in self._components))
         self._order.clear()
         if self.infra is not None:
             self.infra.stop()
@@ -197,6 +203,13 @@ class LocalStack:
             self.infra = Infra.start(settings)
         except Exception as exc:
             raise ComponentFailed("broker + redis", str(exc)) from exc
+        workers, regions = self.topology.workers, self.topology.regions
+        # Status ports: the MU, an edge and a worker host per region, the proxy, and the
+        # routers of this start and of every restart (a few spare).
+        ports = _free_ports(len(workers) + len(regions) + 2 + 3 * len(regions) + 16)
+        self.worker_ports = {w.id: ports.pop() for w in workers}
+        self.router_ports = {r.name: ports.pop() for r in regions}
+        self._status_ports = ports
 
     def _base_env(self, name: str, **extra: str) -> dict[str, str]:
         assert self.infra is not None
@@ -218,7 +231,9 @@ class LocalStack:
         self, command: str, name: str, ready: Callable[[int], bool], **extra: str
     ) -> _Component:
         """A ``kvcompass <command>`` process with a status port for readiness."""
-        port = free_port("127.0.0.1")
+        if not self._status_ports:
+            self._status_ports = _free_ports(8)
+        port = self._status_ports.pop()
         env = self._base_env(name, KVC_METRICS_PORT=str(port), **extra)
         return _Component(
             name,
@@ -248,10 +263,10 @@ class LocalStack:
             "worker",
             f"workers-{region}",
             lambda _port: _ready(first, "/readyz"),
-            KVC_WORKERS=",".join(ids),
+            KVC_WORKER_IDS=",".join(ids),
             KVC_WORKER_PORTS=ports,
             KVC_TIME_SCALE=str(self.config.time_scale),
-            KVC_EVICTION=self.config.eviction,
+            KVC_EVICTION_POLICY=self.config.eviction,
         )
 
     def _wanproxy(self) -> _Component:
@@ -262,13 +277,13 @@ class LocalStack:
             "wanproxy",
             "wanproxy",
             lambda _port: self._map_path.exists(),
-            KVC_WAN_TARGETS=targets,
-            KVC_WAN_MAP_FILE=str(self._map_path),
+            KVC_WANPROXY_TARGETS=targets,
+            KVC_WANPROXY_MAP_FILE=str(self._map_path),
             KVC_TIME_SCALE=str(self.config.time_scale),
         )
 
     def _read_proxy_map(self) -> dict[str, dict[str, str]]:
-        """origin region -> worker id -> "host:port" to dial (the proxy for remote ones)."""
+        """origin region -> worker id -> URL to dial (the proxy's, for remote workers)."""
         raw: dict[str, dict[str, str]] = json.loads(self._map_path.read_text())
         return raw
 
@@ -278,7 +293,7 @@ class LocalStack:
             if worker.region == region:
                 endpoints.append(f"{worker.id}={self.worker_url(worker.id)}")
             else:
-                endpoints.append(f"{worker.id}=http://{self._proxy_map[region][worker.id]}")
+                endpoints.append(f"{worker.id}={self._proxy_map[region][worker.id]}")
         port = self.router_ports[region]
         keys = ",".join(f"{k}={t}" for k, t in self.config.api_keys.items())
         return self._service(
@@ -293,35 +308,36 @@ class LocalStack:
             KVC_API_KEYS=keys,
         )
 
-    def _auth(self) -> dict[str, str]:
-        if not self.config.api_keys:
-            return {}
-        return {"authorization": f"Bearer {next(iter(self.config.api_keys))}"}
-
     # -- processes -----------------------------------------------------------------------
 
-    def _launch(self, comp: _Component) -> None:
-        with comp.log_path.open("ab") as log:
-            comp.popen = subprocess.Popen(
-                comp.argv,
-                env=comp.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                # Own process group: the demo's Ctrl-C reaches only the demo, which then
-                # stops every component in order instead of all dying at once.
-                start_new_session=True,
-            )
-        self._components[comp.name] = comp
-        self._order.append(comp.name)
+    def _launch(self, *comps: _Component) -> None:
+        """Start ``comps`` together, then wait until each is ready (one deadline)."""
+        for comp in comps:
+            with comp.log_path.open("ab") as log:
+                comp.popen = subprocess.Popen(
+                    comp.argv,
+                    env=comp.env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    # Own process group: the demo's Ctrl-C reaches only the demo, which
+                    # then stops every component in order instead of all dying at once.
+                    start_new_session=True,
+                )
+            self._components[comp.name] = comp
+            self._order.append(comp.name)
         deadline = time.monotonic() + self.config.ready_timeout_s
-        while True:
-            code = comp.popen.poll()
-            if code is not None:
-                raise ComponentFailed(comp.name, f"exited with status {code}", comp.log_path)
-            if comp.ready():
-                return
-            if time.monotonic() > deadline:
+        waiting = list(comps)
+        while waiting:
+            for comp in list(waiting):
+                assert comp.popen is not None
+                code = comp.popen.poll()
+                if code is not None:
+                    raise ComponentFailed(comp.name, f"exited with status {code}", comp.log_path)
+                if comp.ready():
+                    waiting.remove(comp)
+            if waiting and time.monotonic() > deadline:
+                comp = waiting[0]
                 raise ComponentFailed(
                     comp.name,
                     f"not ready within {self.config.ready_timeout_s:g} s",
@@ -330,16 +346,33 @@ class LocalStack:
             time.sleep(_POLL_S)
 
     @staticmethod
-    def _terminate(comp: _Component) -> None:
-        proc = comp.popen
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+    def _terminate(*comps: _Component) -> None:
+        """SIGTERM all of ``comps``, then wait for each (SIGKILL after 20 s)."""
+        running = [c.popen for c in comps if c.popen is not None and c.popen.poll() is None]
+        for proc in running:
+            proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 20.0
+        for proc in running:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct loopback ports that were free a moment ago (held open together, so
+    the OS cannot hand out one twice; a later clash fails that component's start)."""
+    sockets = []
+    try:
+        for _ in range(n):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def _ready(port: int, path: str = "/readyz") -> bool:

@@ -1,6 +1,7 @@
 """The ``kvcompass`` command line (it sits above the core, the services and loadgen).
 
-Usage: kvcompass index-demo [--topology NAME] [--entries N] [--fingerprint-bits B]
+Usage: kvcompass demo [--seconds S] [--rate R] [--seed N] [--out DIR]   (--help)
+       kvcompass index-demo [--topology NAME] [--entries N] [--fingerprint-bits B]
        kvcompass infra up|status|down [--json]
        kvcompass mu [--help]     (a maintenance unit; settings from KVC_* variables)
        kvcompass edge [--help]   (an edge replayer; settings from KVC_* variables)
@@ -41,6 +42,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--seed", type=int, default=7)
     # Parsed by the commands themselves (see main); listed here for --help.
+    sub.add_parser(
+        "demo",
+        help="start a whole deployment here and compare KVCompass with local-only routing",
+    )
     sub.add_parser("infra", help="start, inspect or stop the local Kafka broker and Redis")
     sub.add_parser("mu", help="run a maintenance unit (kvcompass mu --help: its settings)")
     sub.add_parser("edge", help="run an edge replayer (kvcompass edge --help: its settings)")
@@ -60,6 +65,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # Each command imports its own clients only when it runs.
+    if argv[:1] == ["demo"]:
+        from kvcompass.loadgen.demo import main as demo_main
+
+        return demo_main(argv[1:])
     if argv[:1] == ["infra"]:
         from kvcompass.services.infra.commands import main as infra_main
 

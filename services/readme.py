@@ -11,8 +11,8 @@ from pathlib import Path
 
 from kvcompass.services.edge.settings import EdgeSettings
 from kvcompass.services.maintenance.settings import MaintenanceSettings
-from kvcompass.services.worker.settings import WorkerSettings
 from kvcompass.services.wanproxy.settings import WanProxySettings
+from kvcompass.services.worker.settings import WorkerSettings
 from kvcompass.settings import EnvSettings
 
 __all__ = ["settings_table"]

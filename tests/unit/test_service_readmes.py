@@ -10,8 +10,8 @@ import pytest
 from kvcompass.services.edge.settings import EdgeSettings
 from kvcompass.services.maintenance.settings import MaintenanceSettings
 from kvcompass.services.readme import settings_table
-from kvcompass.services.worker.settings import WorkerSettings
 from kvcompass.services.wanproxy.settings import WanProxySettings
+from kvcompass.services.worker.settings import WorkerSettings
 from kvcompass.settings import EnvSettings
 
 SERVICES = Path(__file__).resolve().parents[2] / "services"
