@@ -83,6 +83,10 @@ class QueueConsumer:
         metadata = self._consumer.list_topics(self._topic, timeout=10)
         partitions = sorted(metadata.topics[self._topic].partitions)
         starts = []
+        # Caught up once every partition is read up to the watermark seen now, or has
+        # reported its end: under steady broadcasts a fetch always finds data, so an
+        # end-of-partition event alone might never come.
+        self._caught_up_at: dict[int, int] = {}
         for p in partitions:
             low, high = self._consumer.get_watermark_offsets(
                 TopicPartition(self._topic, p), timeout=10
@@ -91,8 +95,12 @@ class QueueConsumer:
             starts.append(
                 TopicPartition(self._topic, p, offset if offset > 0 else OFFSET_BEGINNING)
             )
+            if high > low:
+                self._caught_up_at[p] = high - 1
         self._consumer.assign(starts)
-        self._pending_eof = set(partitions)
+        self._pending_eof = set(self._caught_up_at)
+        if not self._pending_eof:
+            self._health.set("queues", True)
         self._thread.start()
 
     def close(self) -> None:
@@ -108,12 +116,22 @@ class QueueConsumer:
                 if error is None:
                     self._watch.ok()
                     self._record(message.value())
+                    partition = message.partition()
+                    if (
+                        partition in self._pending_eof
+                        and (message.offset() or 0) >= (self._caught_up_at[partition])
+                    ):
+                        self._caught_up(partition)
                 elif error.code() == KafkaError._PARTITION_EOF:
-                    self._pending_eof.discard(message.partition())
-                    if not self._pending_eof:
-                        self._health.set("queues", True)  # caught up once: ready
+                    self._caught_up(message.partition())
                 else:
                     self._log.warning("queues_error", error=error.str())
+
+    def _caught_up(self, partition: int | None) -> None:
+        if self._pending_eof:
+            self._pending_eof.discard(partition or 0)
+            if not self._pending_eof:
+                self._health.set("queues", True)  # caught up once: ready
 
     def _record(self, value: bytes | None) -> None:
         try:
