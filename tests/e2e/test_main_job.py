@@ -1,24 +1,130 @@
-"""Smoke test of the README's main-job command, run exactly as a user runs it."""
+"""The README's main job (``./scripts/demo`` = ``kvcompass demo``) run as a user runs it:
+a short replay, Ctrl-C in the middle, and a component that cannot start."""
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
+
+from kvcompass.loadgen.stack import ComponentFailed, LocalStack, StackConfig
+from kvcompass.loadgen.testing import poll_until
+from kvcompass.topology import load_builtin
+
 ROOT = Path(__file__).resolve().parents[2]
+# The same virtualenv as this test run, so the script's set-up step is a no-op.
+ENV = {**os.environ, "KVC_VENV": str(Path(sys.prefix))}
 
 
-def test_readme_main_job_runs_and_reports_a_correct_index() -> None:
+def test_readme_main_job_compares_both_routers_on_one_workload(tmp_path: Path) -> None:
     readme = (ROOT / "README.md").read_text()
     assert "./scripts/demo" in readme, "the README no longer names ./scripts/demo"
-    # The same virtualenv as this test run, so the script's set-up step is a no-op.
-    env = {**os.environ, "KVC_VENV": str(Path(sys.prefix))}
+    out = tmp_path / "demo"
     done = subprocess.run(
-        [str(ROOT / "scripts" / "demo"), "--entries", "20000"],
-        env=env,
+        [str(ROOT / "scripts" / "demo"), "--seconds", "8", "--out", str(out)],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    table = done.stdout
+    assert re.search(r"metric\s+local-least-loaded\s+kvcompass", table), table
+    requests = re.search(
+        r"^all\s+requests \(errors\)\s+(\d+) \((\d+)\)\s+(\d+) \((\d+)\)", table, re.M
+    )
+    assert requests is not None, table
+    sent, errors, sent_again, errors_again = map(int, requests.groups())
+    assert sent == sent_again > 0
+    assert errors == errors_again == 0, table
+    for policy in ("local-least-loaded", "kvcompass"):
+        lines = (out / f"records-{policy}.jsonl").read_text().splitlines()
+        assert len(lines) == sent
+    assert (out / "summary.json").exists()
+    assert (out / "ttft.png").stat().st_size > 10_000
+    assert not list(Path("/dev/shm").glob("kvc*")), "shared memory left behind"
+
+
+def test_ctrl_c_stops_every_component_and_exits_130(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvcompass.services.cli",
+            "demo",
+            "--seconds",
+            "30",
+            "--out",
+            str(out),
+        ],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    seen = []
+    deadline = time.monotonic() + 240
+    for line in proc.stdout:  # until the first replay has begun
+        seen.append(line)
+        if "replaying with" in line or time.monotonic() > deadline:
+            break
+    assert any("replaying with" in line for line in seen), "".join(seen)
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 130, "".join(seen) + rest
+    assert "interrupted; stopping every component" in rest
+    # Every component ran in its own session under the demo; none may outlive it.
+
+    poll_until(lambda: not _children_of_stack(out), 30, "every demo component gone")
+    assert not list(Path("/dev/shm").glob("kvc*")), "shared memory left behind"
+
+
+def _children_of_stack(out: Path) -> list[int]:
+    """PIDs of live processes whose environment or arguments name this demo's run
+    directory (every component's KVC_TOPOLOGY, the broker's and Redis's paths)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            seen = (proc / "environ").read_bytes() + (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if str(out).encode() in seen:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_a_component_that_cannot_start_is_named_and_nothing_is_left(tmp_path: Path) -> None:
+    config = StackConfig(
+        topology=load_builtin("testbed-3region"),
+        topology_ref="testbed-3region",
+        workdir=tmp_path,
+        shards=2,
+        extra_env={"KVC_EVICTION_POLICY": "newest-first"},
+    )
+    stack = LocalStack(config)
+    with pytest.raises(ComponentFailed) as failed:
+        stack.start()
+    assert failed.value.component.startswith("workers-")
+    assert "KVC_EVICTION_POLICY" in str(failed.value)
+    assert stack.infra is None
+    assert not list(Path("/dev/shm").glob(f"kvc{stack.tag}*"))
+
+
+def test_index_demo_builds_and_reports_a_correct_index() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "kvcompass.services.cli", "index-demo", "--entries", "20000"],
+        env=ENV,
         capture_output=True,
         text=True,
         timeout=240,
