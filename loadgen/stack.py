@@ -61,7 +61,7 @@ class StackConfig:
     time_scale: float = 1.0
     eviction: str = "lru"
     api_keys: Mapping[str, str] = field(default_factory=dict)  # key -> tenant
-    ready_timeout_s: float = 60.0
+    ready_timeout_s: float = 120.0  # failure detection only: a busy machine is slow
     # Workers that get a host process of their own (``workers-<id>``), so that one
     # worker can be killed alone; the others share one host per region.
     separate_workers: tuple[str, ...] = ()
