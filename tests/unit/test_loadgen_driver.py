@@ -322,3 +322,17 @@ def test_streaming_through_the_wan_proxy_pays_the_round_trip(standin: StandIn) -
     # The last chunk leaves the stand-in 4 steps after the first, then crosses the link.
     assert record.e2e_ms >= (FIRST_CHUNK_S + 4 * STEP_S) * 1000 + 2 * 25.0
     assert record.cross_region
+
+
+def test_command_line_refuses_incomplete_arguments_and_describes_dry_runs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--duration", "5"]) == 2  # no --routers
+    assert main(["--routers", "us=http://x"]) == 2  # the synthetic workload is endless
+    assert main(["--workload", "trace", "--requests", "3", "--routers", "us=http://x"]) == 2
+    errors = capsys.readouterr().err
+    assert "--routers is required" in errors
+    assert "endless" in errors
+    assert "--trace PATH" in errors
+    assert main(["--dry-run", "--requests", "30", "--set", "rate=10"]) == 0
+    assert capsys.readouterr().out.startswith("requests 30 over ")
