@@ -18,7 +18,9 @@ import aiohttp
 from kvcompass.loadgen.records import RequestRecord
 from kvcompass.loadgen.workloads import LiveRequest
 
-__all__ = ["DriverConfig", "RunResult", "drive"]
+__all__ = ["KEEPALIVE_S", "DriverConfig", "RunResult", "drive"]
+
+KEEPALIVE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,10 @@ async def drive(
 ) -> RunResult:
     """Send every request at ``start + at_s``; ``on_record`` gets each record as its
     request ends (completion order)."""
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    # Idle connections are dropped well before the server's keep-alive ends (uvicorn: 5 s):
+    # reusing one the server is closing loses the request (ServerDisconnectedError), and
+    # over the WAN proxy the server's FIN takes a one-way delay to arrive.
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
     timeout = aiohttp.ClientTimeout(total=config.timeout_s)
     tasks: set[asyncio.Task[None]] = set()
     sent = 0

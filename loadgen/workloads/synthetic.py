@@ -2,16 +2,16 @@
 and long documents, deterministic for a seed.
 
 Arrivals are an open-loop Poisson process at ``rate``. Each arrival either opens a new
-session (with probability ``new_session_prob``, or when none is open) or is the next
-turn of an open session picked uniformly. A session belongs to one tenant and one
-origin region (population shares) and starts from one of its tenant's system prompts;
-a share ``document_share`` of sessions put a long document after it (documents are
-per tenant and picked by Zipf popularity, so several sessions, from several regions,
-read the same one). Every turn appends a user message to the previous turn's prompt
-and answer, so turn k+1's prompt starts with all of turn k's. The answer is synthetic
-(``max_tokens`` tokens from the seed): an emulated worker's output is not fed back.
-A session closes after its turn count (geometric, mean ``turns_mean``) or before its
-prompt would exceed ``max_prompt_tokens``.
+session (with probability ``new_session_prob``, or when none is open, never beyond
+``max_open_sessions``) or is the next turn of an open session picked uniformly. A
+session belongs to one tenant and one origin region (population shares) and starts
+from one of its tenant's system prompts; a share ``document_share`` of sessions put a
+long document after it (documents are per tenant and picked by Zipf popularity, so
+several sessions, from several regions, read the same one). Every turn appends a user
+message to the previous turn's prompt and answer, so turn k+1's prompt starts with all
+of turn k's. The answer is synthetic (``max_tokens`` tokens from the seed): an emulated
+worker's output is not fed back. A session closes after its turn count (geometric, mean
+``turns_mean``) or before its prompt would exceed ``max_prompt_tokens``.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from kvcompass.loadgen.workloads.request import LiveRequest
 __all__ = ["SyntheticConfig", "SyntheticWorkload"]
 
 T = TypeVar("T")
+Tokens = NDArray[np.uint32]
 
 
 def _param(default: T, doc: str) -> T:
@@ -49,7 +50,12 @@ class SyntheticConfig:
     system_tokens_min: int = _param(1024, "Shortest system prompt (tokens).")
     system_tokens_max: int = _param(4096, "Longest system prompt (tokens).")
     new_session_prob: float = _param(
-        0.35, "Probability that an arrival opens a new session rather than continuing one."
+        0.25,
+        "Probability that an arrival opens a new session rather than continuing one "
+        "(1 / turns_mean keeps the number of open sessions steady).",
+    )
+    max_open_sessions: int = _param(
+        256, "Open sessions at most; when full, arrivals continue sessions."
     )
     turns_mean: float = _param(4.0, "Mean turns per session (geometric, at least 1).")
     user_tokens_min: int = _param(32, "Shortest user message per turn (tokens).")
@@ -79,8 +85,9 @@ class SyntheticConfig:
                 raise ValueError(f"need 1 <= {lo} <= {hi}")
         if self.rate <= 0 or self.turns_mean < 1 or self.vocab < 2:
             raise ValueError("need rate > 0, turns_mean >= 1, vocab >= 2")
-        if min(self.tenants, self.system_prompts_per_tenant, self.documents_per_tenant) < 1:
-            raise ValueError("need at least one tenant, system prompt and document each")
+        counts = (self.tenants, self.system_prompts_per_tenant, self.documents_per_tenant)
+        if min(*counts, self.max_open_sessions) < 1:
+            raise ValueError("need at least one tenant, system prompt, document and session")
         if not (0 <= self.new_session_prob <= 1 and 0 <= self.document_share <= 1):
             raise ValueError("new_session_prob and document_share are probabilities")
 
@@ -106,7 +113,7 @@ class _Session:
     number: int
     tenant: int
     region: str
-    prompt: list[int]  # the next turn's prompt, without its user message yet
+    prompt: Tokens  # the next turn's prompt, without its user message yet
     turns_left: int
 
 
@@ -126,14 +133,13 @@ class SyntheticWorkload:
         ranks = np.arange(1, c.documents_per_tenant + 1, dtype=np.float64)
         popularity = ranks**-c.document_zipf
         self._doc_p = popularity / popularity.sum()
-        self._docs: dict[tuple[int, int], list[int]] = {}
+        self._docs: dict[tuple[int, int], Tokens] = {}
 
-    def _draw(self, rng: np.random.Generator, lo: int, hi: int) -> list[int]:
+    def _draw(self, rng: np.random.Generator, lo: int, hi: int) -> Tokens:
         n = int(rng.integers(lo, hi + 1))
-        tokens: NDArray[np.int64] = rng.integers(0, self.config.vocab, n)
-        return [int(t) for t in tokens]
+        return rng.integers(0, self.config.vocab, n, dtype=np.uint32)
 
-    def document(self, tenant: int, doc: int) -> list[int]:
+    def document(self, tenant: int, doc: int) -> Tokens:
         """Document ``doc`` of ``tenant`` (its own seed stream: order-free, cached)."""
         key = (tenant, doc)
         if key not in self._docs:
@@ -149,7 +155,8 @@ class SyntheticWorkload:
         open_sessions: list[_Session] = []
         opened = 0
         for n, at_s in enumerate(poisson_times(c.rate, c.seed)):
-            if not open_sessions or rng.random() < c.new_session_prob:
+            room = len(open_sessions) < c.max_open_sessions
+            if not open_sessions or (room and rng.random() < c.new_session_prob):
                 session = self._open(rng, opened)
                 opened += 1
                 open_sessions.append(session)
@@ -157,18 +164,18 @@ class SyntheticWorkload:
                 session = open_sessions[int(rng.integers(len(open_sessions)))]
             user = self._draw(rng, c.user_tokens_min, c.user_tokens_max)
             answer = int(rng.integers(c.answer_tokens_min, c.answer_tokens_max + 1))
-            prompt = session.prompt + user
+            prompt = np.concatenate([session.prompt, user])
             if len(prompt) > c.max_prompt_tokens:  # too long to continue: a fresh one
                 open_sessions.remove(session)
                 session = self._open(rng, opened)
                 opened += 1
                 open_sessions.append(session)
-                prompt = (session.prompt + user)[: c.max_prompt_tokens]
+                prompt = np.concatenate([session.prompt, user])[: c.max_prompt_tokens]
             yield LiveRequest(
                 at_s=at_s,
                 origin_region=session.region,
                 tenant=f"tenant-{session.tenant}",
-                tokens=prompt,
+                tokens=prompt.tolist(),
                 max_tokens=answer,
                 session=f"s{session.number}",
                 request_id=f"s{n:06d}",
@@ -177,14 +184,15 @@ class SyntheticWorkload:
             if session.turns_left <= 0:
                 open_sessions.remove(session)
             else:  # the next turn repeats this prompt and its (synthetic) answer
-                session.prompt = prompt + self._draw(rng, answer, answer)
+                session.prompt = np.concatenate([prompt, self._draw(rng, answer, answer)])
 
     def _open(self, rng: np.random.Generator, number: int) -> _Session:
         c = self.config
         tenant = int(rng.integers(c.tenants))
-        prompt = list(self._system[tenant][int(rng.integers(c.system_prompts_per_tenant))])
+        prompt = self._system[tenant][int(rng.integers(c.system_prompts_per_tenant))]
         if rng.random() < c.document_share:
-            prompt += self.document(tenant, int(rng.choice(len(self._doc_p), p=self._doc_p)))
+            doc = self.document(tenant, int(rng.choice(len(self._doc_p), p=self._doc_p)))
+            prompt = np.concatenate([prompt, doc])
         turns = int(rng.geometric(1.0 / c.turns_mean))
         region = self.shares.pick(float(rng.random()))
         return _Session(number, tenant, region, prompt, turns)

@@ -172,3 +172,6 @@ class WanProxy:
         except asyncio.CancelledError:
             reset(writer)
             raise
+        except Exception:  # one connection's bug must not go unseen (logged, not raised)
+            log.exception("relay_failed", origin=link.origin, worker=link.worker)
+            reset(writer)

@@ -124,7 +124,8 @@ def _run(
 
 
 def test_records_carry_routing_usage_and_streaming_ttft(standin: StandIn) -> None:
-    records, result = _run([_request(0, 0.0), _request(1, 0.0, max_tokens=6)], {"us": standin.url})
+    requests = [_request(0, 0.0), _request(1, 0.0, max_tokens=20)]
+    records, result = _run(requests, {"us": standin.url})
     assert result.sent == 2
     first, second = records
     assert first.ok
@@ -138,9 +139,12 @@ def test_records_carry_routing_usage_and_streaming_ttft(standin: StandIn) -> Non
     assert first.ttft_ms is not None
     assert first.e2e_ms is not None
     assert FIRST_CHUNK_S * 1000 <= first.ttft_ms < FIRST_CHUNK_S * 1000 + 500
-    assert first.e2e_ms >= first.ttft_ms + 3 * STEP_S * 1000
+    assert first.e2e_ms >= (FIRST_CHUNK_S + 3 * STEP_S) * 1000
+    # 20 tokens: the first chunk at ~80 ms, the last ~570 ms later; TTFT is the first.
+    assert second.ttft_ms is not None
     assert second.e2e_ms is not None
-    assert second.e2e_ms >= FIRST_CHUNK_S * 1000 + 5 * STEP_S * 1000
+    assert second.e2e_ms >= (FIRST_CHUNK_S + 19 * STEP_S) * 1000
+    assert second.ttft_ms + 200 < second.e2e_ms
     body = standin.seen[0][1]
     assert body["model"] == "llama-3.1-8b"
     assert body["stream"] is True
@@ -192,9 +196,11 @@ def test_open_loop_sends_on_schedule_while_answers_are_pending(standin: StandIn)
     arrivals = sorted(t for t, _, _ in standin.seen)
     offsets = [t - arrivals[0] for t in arrivals]
     for i, offset in enumerate(offsets):
-        assert 0.05 * i - 0.005 <= offset <= 0.05 * i + 0.1, offsets
+        # Not all at once (the slack: the first one may have been sent late).
+        assert offset >= 0.05 * i - 0.04, offsets
+    assert offsets[-1] < 0.35 + 0.4, offsets  # closed loop: ≥ 7 x 0.2 s = 1.4 s
     assert all(r.ok for r in records)
-    assert max(r.late_ms for r in records) < 100
+    assert max(r.late_ms for r in records) < 300
     assert result.duration_s < 0.35 + 0.2 + 1.0
 
 
@@ -265,7 +271,7 @@ def test_command_line_writes_records_and_prints_the_summary(
             "--rate", "40",
             "--seed", "3",
             "--set", "system_tokens_min=64,system_tokens_max=128",
-            "--set", "document_share=0",
+            "--set", "document_share=0,new_session_prob=1",
             "--max-tokens", "3",
             "--routers", f"us={standin.url},eu={standin.url},asia={standin.url}",
             "--api-keys", "key-a=tenant-0,key-b=tenant-1",
@@ -290,8 +296,8 @@ def test_command_line_writes_records_and_prints_the_summary(
 
 def test_streaming_through_the_wan_proxy_pays_the_round_trip(standin: StandIn) -> None:
     """Origin asia → a worker in eu behind the WAN proxy (149 ms one way, scaled to
-    25 ms): the first SSE chunk arrives one round trip after the stand-in's prefill,
-    and the later chunks follow at the stand-in's pace."""
+    25 ms): the first SSE chunk and the last arrive one round trip after the stand-in
+    sent them."""
     topology = load_builtin("testbed-3region")
     host, port = standin.url.removeprefix("http://").split(":")
     links = plan_links(topology, {"eu-1": (host, int(port))}, origins=("asia",))
@@ -313,5 +319,20 @@ def test_streaming_through_the_wan_proxy_pays_the_round_trip(standin: StandIn) -
     assert record.ttft_ms is not None
     assert record.e2e_ms is not None
     assert record.ttft_ms >= FIRST_CHUNK_S * 1000 + 2 * 25.0
-    assert 4 * STEP_S * 1000 <= record.e2e_ms - record.ttft_ms < 4 * STEP_S * 1000 + 200
+    # The last chunk leaves the stand-in 4 steps after the first, then crosses the link.
+    assert record.e2e_ms >= (FIRST_CHUNK_S + 4 * STEP_S) * 1000 + 2 * 25.0
     assert record.cross_region
+
+
+def test_command_line_refuses_incomplete_arguments_and_describes_dry_runs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--duration", "5"]) == 2  # no --routers
+    assert main(["--routers", "us=http://x"]) == 2  # the synthetic workload is endless
+    assert main(["--workload", "trace", "--requests", "3", "--routers", "us=http://x"]) == 2
+    errors = capsys.readouterr().err
+    assert "--routers is required" in errors
+    assert "endless" in errors
+    assert "--trace PATH" in errors
+    assert main(["--dry-run", "--requests", "30", "--set", "rate=10"]) == 0
+    assert capsys.readouterr().out.startswith("requests 30 over ")

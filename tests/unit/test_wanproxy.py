@@ -86,7 +86,7 @@ def test_round_trip_pays_the_one_way_delay_twice() -> None:
 
     times = asyncio.run(run())
     assert min(times) >= 40.0  # never faster than two one-way delays
-    assert sorted(times)[len(times) // 2] < 40.0 + 30.0  # generous for a busy machine
+    assert sorted(times)[len(times) // 2] < 40.0 + 100.0  # generous for a busy machine
 
 
 def test_jitter_varies_the_delay_within_its_band_and_keeps_bytes_in_order() -> None:
