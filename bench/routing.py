@@ -13,12 +13,13 @@ side (interleaved, so the shared machine's noise hits all alike):
 - ``shm_match``: keys + ``SharedIndexReader.match``, the router's lookup;
 - ``view_match``: keys + the in-process ``DiscoveryView.match`` (the baseline);
 - ``decision``: the routing core's ``decide`` over that reader (``make_policy
-  ("kvcompass", ...)``); until the routing core is merged, ``decision`` is
-  ``shm_match`` plus a stand-in joint score over all workers (``_stand_in_score``),
-  and the output says which one ran (``decision_source``).
+  ("kvcompass", ...)``, default config, idle queues): keys, match, joint score over
+  every worker, ranking, migration check.
 
 ``decision_p50_us`` / ``decision_p99_us`` at the top are testbed-3region with the
-default key hash. ``key_hashes`` times the hashes alone on one prompt's query lengths
+default key hash. Each ``*_cpu_p50_us`` is the same call's thread CPU time: on a shared
+machine (``load_average_*`` above the core count) wall times include waits for a core,
+and the P99s mostly measure other processes. ``key_hashes`` times the hashes alone on one prompt's query lengths
 (SHA-256, XXH3-64 and, if the ``mmh3`` package is installed, MurmurHash3 x64-128, all
 streaming). The proxy overhead of the router service is measured by the router's own
 benchmark, not here.
@@ -47,11 +48,13 @@ import numpy as np
 import xxhash
 from numpy.typing import NDArray
 
-from kvcompass.index.discovery import DiscoveryView, Match, QueryPlanner
+from kvcompass.index.discovery import DiscoveryView, QueryPlanner
 from kvcompass.index.layout import IndexLayout, Tier
 from kvcompass.index.shard_tables import ShardTables
 from kvcompass.keys import DEFAULT_KEY_HASH, KeyHash, Namespace, prefix_keys, shard_of_array
 from kvcompass.levels import plan_levels
+from kvcompass.pipeline.clock import SystemClock
+from kvcompass.routing import Decision, RouteRequest, make_policy
 from kvcompass.shm import SharedIndexReader, SharedIndexWriter
 from kvcompass.topology import Topology, load_builtin
 
@@ -105,50 +108,14 @@ def _populate(topology: Topology, prompts: list[NDArray[np.uint32]], seed: int) 
 
 def _policy_decide(
     topology: Topology, edge: str, reader: SharedIndexReader
-) -> Callable[[NDArray[np.uint32]], Any] | None:
-    """The routing core's ``decide`` over ``reader``, or None before it is merged."""
-    try:
-        routing: Any = importlib.import_module("kvcompass.routing")
-    except ImportError:
-        return None
-    from kvcompass.pipeline.clock import SystemClock
+) -> Callable[[NDArray[np.uint32]], Decision]:
+    """The routing core's ``decide`` over ``reader``, idle queues, default config."""
+    policy = make_policy("kvcompass", topology, edge, reader, clock=SystemClock())
 
-    policy = routing.make_policy(
-        "kvcompass",
-        topology,
-        edge,
-        reader,
-        namespace_of=lambda group: NS,
-        config=routing.RoutingConfig(),
-        clock=SystemClock(),
-    )
-    request_type = routing.RouteRequest
-
-    def decide(tokens: NDArray[np.uint32]) -> Any:
-        return policy.decide(request_type("bench", tokens, edge, NS))
+    def decide(tokens: NDArray[np.uint32]) -> Decision:
+        return policy.decide(RouteRequest("bench", tokens, edge, NS))
 
     return decide
-
-
-def _stand_in_score(topology: Topology, edge: str) -> Callable[[Match, int], tuple[float, int]]:
-    """The joint score over all workers with idle queues and full belief, as a cost
-    stand-in for the routing core's: WAN + (1+λ)·β·(L − m) + γ·m·[dram]."""
-    wan = [topology.wan_ms(edge, w.region) for w in topology.workers]
-    beta = [w.beta_ms_per_token for w in topology.workers]
-    gamma = topology.gamma_ms_per_token
-    lam = 0.0
-
-    def score(match: Match, prompt_len: int) -> tuple[float, int]:
-        best, best_w = float("inf"), -1
-        for w, (m, tier) in enumerate(zip(match.lengths, match.tiers, strict=True)):
-            s = wan[w] + (1 + lam) * beta[w] * (prompt_len - m)
-            if tier == Tier.DRAM:
-                s += gamma * m
-            if s < best:
-                best, best_w = s, w
-        return best, best_w
-
-    return score
 
 
 # --- the router process ------------------------------------------------------------------
@@ -171,17 +138,11 @@ def _router(
         planner = QueryPlanner(plan_levels(topology), edge, NS)
         view = DiscoveryView.from_images(layout, SHARDS, images)
         with SharedIndexReader(prefix, layout) as reader:
-            decide = _policy_decide(topology, edge, reader)
-            score = _stand_in_score(topology, edge)
-
-            def stand_in(tokens: NDArray[np.uint32]) -> Any:
-                return score(reader.match(planner.query(tokens)), len(tokens))  # noqa: B023
-
             variants: dict[str, Callable[[NDArray[np.uint32]], Any]] = {
                 "keys": planner.query,
                 "shm_match": lambda p: reader.match(planner.query(p)),  # noqa: B023
                 "view_match": lambda p: view.match(planner.query(p)),  # noqa: B023
-                "decision": decide or stand_in,
+                "decision": _policy_decide(topology, edge, reader),
             }
             for prompt in prompts[:8]:  # maps every segment, warms caches
                 if reader.match(planner.query(prompt)) != view.match(planner.query(prompt)):
@@ -189,18 +150,23 @@ def _router(
                 for fn in variants.values():
                     fn(prompt)
             samples: dict[str, list[int]] = {name: [] for name in variants}
+            cpu: dict[str, list[int]] = {name: [] for name in variants}
             gc.collect()
             for _ in range(repeats):
                 for prompt in prompts:
                     for name, fn in variants.items():
+                        c0 = time.thread_time_ns()
                         t0 = time.perf_counter_ns()
                         fn(prompt)
-                        samples[name].append(time.perf_counter_ns() - t0)
-            row: dict[str, Any] = {"decision_source": "routing" if decide else "stand-in"}
+                        t1 = time.perf_counter_ns()
+                        cpu[name].append(time.thread_time_ns() - c0)
+                        samples[name].append(t1 - t0)
+            row: dict[str, Any] = {}
             for name, ns in samples.items():
                 us = np.array(ns) / 1e3
                 row[f"{name}_p50_us"] = round(float(np.percentile(us, 50)), 1)
                 row[f"{name}_p99_us"] = round(float(np.percentile(us, 99)), 1)
+                row[f"{name}_cpu_p50_us"] = round(float(np.percentile(cpu[name], 50)) / 1e3, 1)
             row["shm_vs_view_p50"] = round(row["shm_match_p50_us"] / row["view_match_p50_us"], 2)
             row["keys_share_of_decision"] = round(row["keys_p50_us"] / row["decision_p50_us"], 2)
             row["workers"] = len(topology.workers)
@@ -292,6 +258,7 @@ def main() -> None:
     t_start = time.perf_counter()
     result: dict[str, Any] = {"quick": args.quick, "prompt_tokens": PROMPT_TOKENS}
     result["cpus"] = os.cpu_count()
+    result["load_average_before"] = round(os.getloadavg()[0], 2)
     result["default_key_hash"] = str(DEFAULT_KEY_HASH)
     result["key_hashes"] = _key_hashes(args.seed, 300 if args.quick else 2000)
 
@@ -333,9 +300,9 @@ def main() -> None:
                 print(f"== {name} {key_hash}\n{row.pop('profile')}", file=sys.stderr)
     result["topologies"] = per_case
     head = per_case["testbed-3region"][str(DEFAULT_KEY_HASH)]
-    result["decision_source"] = head["decision_source"]
     result["decision_p50_us"] = head["decision_p50_us"]
     result["decision_p99_us"] = head["decision_p99_us"]
+    result["decision_cpu_p50_us"] = head["decision_cpu_p50_us"]
     for name in TOPOLOGIES[1:]:
         row = per_case[name][str(DEFAULT_KEY_HASH)]
         short = name.replace("-", "_")
@@ -351,6 +318,7 @@ def main() -> None:
         "decision_p50<=50us": head["decision_p50_us"] <= TARGET_P50_US,
         "decision_p50<=paper_20.6us": head["decision_p50_us"] <= PAPER_DECISION_US,
     }
+    result["load_average_after"] = round(os.getloadavg()[0], 2)
     result["elapsed_s"] = round(time.perf_counter() - t_start, 1)
     print(json.dumps(result, indent=2))
 
