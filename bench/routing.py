@@ -19,9 +19,9 @@ side (interleaved, so the shared machine's noise hits all alike):
 ``decision_p50_us`` / ``decision_p99_us`` at the top are testbed-3region with the
 default key hash. Each ``*_cpu_p50_us`` is the same call's thread CPU time: on a shared
 machine (``load_average_*`` above the core count) wall times include waits for a core,
-and the P99s mostly measure other processes. ``key_hashes`` times the hashes alone on one prompt's query lengths
-(SHA-256, XXH3-64 and, if the ``mmh3`` package is installed, MurmurHash3 x64-128, all
-streaming). The proxy overhead of the router service is measured by the router's own
+and the P99s mostly measure other processes. ``key_hashes`` times the hashes alone on
+one prompt's query lengths (SHA-256, XXH3-64 and, if the ``mmh3`` package is installed,
+MurmurHash3 x64-128, all streaming). The proxy overhead of the router service is measured by the router's own
 benchmark, not here.
 """
 
