@@ -17,12 +17,12 @@ side (interleaved, so the shared machine's noise hits all alike):
   every worker, ranking, migration check.
 
 ``decision_p50_us`` / ``decision_p99_us`` at the top are testbed-3region with the
-default key hash. Each ``*_cpu_p50_us`` is the same call's thread CPU time: on a shared
-machine (``load_average_*`` above the core count) wall times include waits for a core,
-and the P99s mostly measure other processes. ``key_hashes`` times the hashes alone on
+default key hash. On a shared machine (``load_average_*`` near or above the core count)
+every time includes waits for a core and the P99s mostly measure other processes; the
+P10s show what an unloaded core gives. ``key_hashes`` times the hashes alone on
 one prompt's query lengths (SHA-256, XXH3-64 and, if the ``mmh3`` package is installed,
-MurmurHash3 x64-128, all streaming). The proxy overhead of the router service is measured by the router's own
-benchmark, not here.
+MurmurHash3 x64-128, all streaming). The router service's proxy overhead is the
+router's own benchmark, not this one.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import random
 import sys
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import replace
 from typing import Any
 
@@ -48,7 +49,7 @@ import numpy as np
 import xxhash
 from numpy.typing import NDArray
 
-from kvcompass.index.discovery import DiscoveryView, QueryPlanner
+from kvcompass.index.discovery import DiscoveryView, Match, QueryPlanner
 from kvcompass.index.layout import IndexLayout, Tier
 from kvcompass.index.shard_tables import ShardTables
 from kvcompass.keys import DEFAULT_KEY_HASH, KeyHash, Namespace, prefix_keys, shard_of_array
@@ -129,57 +130,79 @@ def _router(
     profile: bool,
     out: mp.Queue[Any],
 ) -> None:
+    """Time every variant of every case, interleaved prompt by prompt within each
+    topology: the load of the shared machine changes by the second, so only side-by-side
+    ratios hold."""
     prompts = _prompts(seed, n_prompts)
-    results: dict[str, Any] = {}
-    for topology_name, key_hash, prefix, images in cases:
-        topology = _topology(topology_name, KeyHash(key_hash))
-        layout = IndexLayout.from_topology(topology)
-        edge = topology.regions[0].name
-        planner = QueryPlanner(plan_levels(topology), edge, NS)
-        view = DiscoveryView.from_images(layout, SHARDS, images)
-        with SharedIndexReader(prefix, layout) as reader:
-            variants: dict[str, Callable[[NDArray[np.uint32]], Any]] = {
-                "keys": planner.query,
-                "shm_match": lambda p: reader.match(planner.query(p)),  # noqa: B023
-                "view_match": lambda p: view.match(planner.query(p)),  # noqa: B023
-                "decision": _policy_decide(topology, edge, reader),
-            }
+    Variants = dict[str, Callable[[NDArray[np.uint32]], Any]]
+    timed: dict[tuple[str, str], Variants] = {}
+    facts: dict[tuple[str, str], dict[str, Any]] = {}
+    with ExitStack() as stack:
+        for topology_name, key_hash, prefix, images in cases:
+            topology = _topology(topology_name, KeyHash(key_hash))
+            layout = IndexLayout.from_topology(topology)
+            edge = topology.regions[0].name
+            planner = QueryPlanner(plan_levels(topology), edge, NS)
+            view = DiscoveryView.from_images(layout, SHARDS, images)
+            reader = stack.enter_context(SharedIndexReader(prefix, layout))
             for prompt in prompts[:8]:  # maps every segment, warms caches
                 if reader.match(planner.query(prompt)) != view.match(planner.query(prompt)):
                     raise RuntimeError("the shared-memory reader answered unlike the view")
+            timed[(topology_name, key_hash)] = {
+                "keys": planner.query,
+                "shm_match": _matching(planner, reader),
+                "view_match": _matching(planner, view),
+                "decision": _policy_decide(topology, edge, reader),
+            }
+            query = planner.query(prompts[0])
+            facts[(topology_name, key_hash)] = {
+                "workers": len(topology.workers),
+                "tables": len(layout.tables),
+                "query_keys": len({k for pairs in query.per_region.values() for _, k in pairs}),
+                "probes": sum(
+                    len(ps) * len(layout.tables_of(r)) for r, ps in query.per_region.items()
+                ),
+            }
+        for variants in timed.values():
+            for prompt in prompts[:8]:
                 for fn in variants.values():
                     fn(prompt)
-            samples: dict[str, list[int]] = {name: [] for name in variants}
-            cpu: dict[str, list[int]] = {name: [] for name in variants}
+        samples: dict[tuple[str, str, str], list[int]] = {
+            (*case, name): [] for case, variants in timed.items() for name in variants
+        }
+        # One topology at a time (a router holds one index in its caches), its key
+        # hashes and variants interleaved.
+        for topology_name in dict.fromkeys(name for name, _ in timed):
+            together = {c: v for c, v in timed.items() if c[0] == topology_name}
             gc.collect()
             for _ in range(repeats):
                 for prompt in prompts:
-                    for name, fn in variants.items():
-                        c0 = time.thread_time_ns()
-                        t0 = time.perf_counter_ns()
-                        fn(prompt)
-                        t1 = time.perf_counter_ns()
-                        cpu[name].append(time.thread_time_ns() - c0)
-                        samples[name].append(t1 - t0)
+                    for case, variants in together.items():
+                        for name, fn in variants.items():
+                            prompt.sum()  # in cache, as a prompt the router just parsed is
+                            t0 = time.perf_counter_ns()
+                            fn(prompt)
+                            samples[(*case, name)].append(time.perf_counter_ns() - t0)
+        results: dict[str, Any] = {}
+        for case, variants in timed.items():
             row: dict[str, Any] = {}
-            for name, ns in samples.items():
-                us = np.array(ns) / 1e3
-                row[f"{name}_p50_us"] = round(float(np.percentile(us, 50)), 1)
-                row[f"{name}_p99_us"] = round(float(np.percentile(us, 99)), 1)
-                row[f"{name}_cpu_p50_us"] = round(float(np.percentile(cpu[name], 50)) / 1e3, 1)
+            for name in variants:
+                us = np.array(samples[(*case, name)]) / 1e3
+                for q in (10, 50, 99):
+                    row[f"{name}_p{q}_us"] = round(float(np.percentile(us, q)), 1)
             row["shm_vs_view_p50"] = round(row["shm_match_p50_us"] / row["view_match_p50_us"], 2)
             row["keys_share_of_decision"] = round(row["keys_p50_us"] / row["decision_p50_us"], 2)
-            row["workers"] = len(topology.workers)
-            row["tables"] = len(layout.tables)
-            row["query_keys"] = sum(1 for c in planner._hasher.lengths if c <= PROMPT_TOKENS)
-            row["probes"] = sum(
-                len(pairs) * len(layout.tables_of(r))
-                for r, pairs in planner.query(prompts[0]).per_region.items()
-            )
+            row.update(facts[case])
             if profile:
                 row["profile"] = _profile(variants["decision"], prompts)
-            results.setdefault(topology_name, {})[key_hash] = row
+            results.setdefault(case[0], {})[case[1]] = row
     out.put(results)
+
+
+def _matching(
+    planner: QueryPlanner, reader: SharedIndexReader | DiscoveryView
+) -> Callable[[NDArray[np.uint32]], Match]:
+    return lambda tokens: reader.match(planner.query(tokens))
 
 
 def _profile(fn: Callable[[NDArray[np.uint32]], Any], prompts: list[NDArray[np.uint32]]) -> str:
@@ -302,7 +325,7 @@ def main() -> None:
     head = per_case["testbed-3region"][str(DEFAULT_KEY_HASH)]
     result["decision_p50_us"] = head["decision_p50_us"]
     result["decision_p99_us"] = head["decision_p99_us"]
-    result["decision_cpu_p50_us"] = head["decision_cpu_p50_us"]
+    result["decision_p10_us"] = head["decision_p10_us"]
     for name in TOPOLOGIES[1:]:
         row = per_case[name][str(DEFAULT_KEY_HASH)]
         short = name.replace("-", "_")
