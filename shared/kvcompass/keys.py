@@ -77,19 +77,20 @@ _TOKEN_BYTES: Final = 4
 _FAST_LIST_PATH: Final = sys.byteorder == "little" and array("I").itemsize == _TOKEN_BYTES
 
 
-def _sha256_key(h: Any) -> int:
-    return int.from_bytes(h.digest()[:8], "little") & MASK63
+def _sha256_keys(digests: list[bytes]) -> list[int]:
+    return [int.from_bytes(d[:8], "little") & MASK63 for d in digests]
 
 
-def _xxh3_key(h: Any) -> int:
-    return int(h.intdigest()) & MASK63
+def _xxh3_keys(digests: list[int]) -> list[int]:
+    return [d & MASK63 for d in digests]
 
 
-#: Per hash: a streaming state seeded with the namespace prefix, and the key read from it.
-#: Both digests leave the state as it was (they finalise a copy), so one state runs on.
-_HASHES: Final[dict[KeyHash, tuple[Callable[[bytes], Any], Callable[[Any], int]]]] = {
-    KeyHash.SHA256: (hashlib.sha256, _sha256_key),
-    KeyHash.XXH3: (xxhash.xxh3_64, _xxh3_key),
+#: Per hash: a streaming state seeded with the namespace prefix, the name of its digest
+#: method, and the keys of a list of such digests. Both digests leave the state as it
+#: was (they finalise a copy), so one state runs on over the whole prompt.
+_HASHES: Final[dict[KeyHash, tuple[Callable[[bytes], Any], str, Callable[[Any], list[int]]]]] = {
+    KeyHash.SHA256: (hashlib.sha256, "digest", _sha256_keys),
+    KeyHash.XXH3: (xxhash.xxh3_64, "intdigest", _xxh3_keys),
 }
 
 
@@ -183,7 +184,7 @@ class PrefixHasher:
         self.key_hash = KeyHash(key_hash)
         self._prefix = namespace.key_prefix(self.key_hash)
         self._longest = self.lengths[-1] if self.lengths else 0
-        self._new, self._read = _HASHES[self.key_hash]
+        self._new, self._digest, self._keys_of = _HASHES[self.key_hash]
 
     def keys(self, tokens: TokenIds) -> dict[int, int]:
         """63-bit key of the first ``c`` tokens for each length ``c`` (one hash pass).
@@ -194,17 +195,17 @@ class PrefixHasher:
         data = memoryview(_token_bytes(tokens, self._longest))
         n_bytes = len(data)
         h = self._new(self._prefix)
-        update, read = h.update, self._read
-        keys: dict[int, int] = {}
+        update, digest = h.update, getattr(h, self._digest)
+        digests = []
         done = 0
         for c in self.lengths:
             end = c * _TOKEN_BYTES
             if end > n_bytes:
                 break
             update(data[done:end])
-            keys[c] = read(h)
+            digests.append(digest())
             done = end
-        return keys
+        return dict(zip(self.lengths, self._keys_of(digests), strict=False))
 
 
 def prefix_keys(

@@ -660,8 +660,8 @@ def test_a_write_during_a_read_section_is_never_seen_half_done(
                 writes.append(1)
                 flip.writer.apply(0, flip.batch)
 
-        monkeypatch.setattr(probe, "match_probes", probe_then_write)
         with SharedIndexReader(prefix, flip.layout) as reader:
+            monkeypatch.setattr(probe, "match_probes", probe_then_write)
             assert reader.match(flip.query) == flip.after
         assert writes, "the write should have happened inside the read section"
 
