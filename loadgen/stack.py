@@ -33,6 +33,7 @@ from typing import Any, Self
 
 from kvcompass.services.infra import Infra, InfraSettings, RunningInfra
 from kvcompass.services.infra.processes import log_tail
+from kvcompass.services.wanproxy import worker_endpoints_setting
 from kvcompass.shm import remove_segments
 from kvcompass.topology import Topology
 
@@ -301,12 +302,8 @@ class LocalStack:
         return raw
 
     def _router(self, region: str, policy: str) -> _Component:
-        endpoints = []
-        for worker in self.topology.workers:
-            if worker.region == region:
-                endpoints.append(f"{worker.id}={self.worker_url(worker.id)}")
-            else:
-                endpoints.append(f"{worker.id}={self._proxy_map[region][worker.id]}")
+        # The proxy's map names the origin's own workers by their real address.
+        endpoints = worker_endpoints_setting(self._proxy_map[region])
         port = self.router_ports[region]
         keys = ",".join(f"{k}={t}" for k, t in self.config.api_keys.items())
         return self._service(
@@ -316,7 +313,7 @@ class LocalStack:
             KVC_REGION=region,
             KVC_ROUTER_PORT=str(port),
             KVC_POLICY=policy,
-            KVC_WORKER_ENDPOINTS=",".join(endpoints),
+            KVC_WORKER_ENDPOINTS=endpoints,
             KVC_SHM_PREFIX=self.shm_prefixes[region],
             KVC_API_KEYS=keys,
         )
