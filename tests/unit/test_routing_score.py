@@ -156,7 +156,7 @@ def test_candidate_terms_sum_to_the_score() -> None:
         assert c.score == pytest.approx(c.wan_ms + c.queue_ms + c.prefill_ms + c.reload_ms)
     assert [c.score for c in d.candidates] == sorted(c.score for c in d.candidates)
     fast = p.decide(request(tokens(3000)))
-    assert fast.candidates == d.candidates[:1]
+    assert fast.candidates == d.candidates[:3]  # the chosen and the two fallbacks
     assert fast.fallbacks == d.fallbacks == tuple(c.worker for c in d.candidates[1:3])
 
 

@@ -49,7 +49,7 @@ class _Baseline:
             raise BadInput("empty prompt")
         order = list(self._order(len(self._wan) if explain else self._top))
         best = order[0]
-        candidates = tuple(self._candidate(w, prompt) for w in (order if explain else order[:1]))
+        candidates = tuple(self._candidate(w, prompt) for w in order)
         worker = self.topology.workers[best]
         return Decision(
             worker=best,

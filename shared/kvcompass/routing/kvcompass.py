@@ -103,15 +103,10 @@ class KVCompassPolicy:
         scores = score.scores(prompt, lengths, tiers, belief, queues, lam)
         order = score.rank(scores, queues, self._top)
         best = order[0]
-        if explain:
-            candidates = tuple(
-                score.candidate(w, prompt, lengths, tiers, belief, queues, lam, scores[w])
-                for w in order
-            )
-        else:
-            candidates = (
-                score.candidate(best, prompt, lengths, tiers, belief, queues, lam, scores[best]),
-            )
+        candidates = tuple(
+            score.candidate(w, prompt, lengths, tiers, belief, queues, lam, scores[w])
+            for w in (order if explain else order[: self._top])
+        )
         claimed = candidates[0].matched_tokens
         if not indexed:
             reason = "no-index"
