@@ -47,7 +47,8 @@ class _Baseline:
         prompt = len(request.tokens)
         if prompt == 0:
             raise BadInput("empty prompt")
-        order = list(self._order(len(self._wan) if explain else self._top))
+        count = len(self._wan) if explain else self._top
+        order = list(self._order(count))[:count]
         best = order[0]
         candidates = tuple(self._candidate(w, prompt) for w in order)
         worker = self.topology.workers[best]
