@@ -54,19 +54,19 @@ class HotPrefixTracker:
         self._misses: OrderedDict[int, deque[float]] = OrderedDict()
 
     def miss(self, family: int, now: float) -> bool:
-        """Count a local miss at ``now``; True when the family is hot (≥ H in the window)."""
+        """Count a local miss at ``now``; True when the family is hot (≥ H in the window).
+
+        Only the last H miss times matter, so each family keeps at most H.
+        """
         times = self._misses.get(family)
         if times is None:
-            times = self._misses[family] = deque()
+            times = self._misses[family] = deque(maxlen=self.hot_misses)
             if len(self._misses) > self.max_families:
                 self._misses.popitem(last=False)  # the family missed least recently
         else:
             self._misses.move_to_end(family)
         times.append(now)
-        horizon = now - self.window_s
-        while times[0] <= horizon:
-            times.popleft()
-        return len(times) >= self.hot_misses
+        return len(times) == self.hot_misses and times[0] > now - self.window_s
 
     def reset(self, family: int) -> None:
         """A migration was ordered: the family must turn hot again to order another."""
