@@ -144,6 +144,15 @@ def test_prompt_shorter_than_the_first_chunk_has_no_family() -> None:
     assert all(p.decide(request(tokens(100))).migration is None for _ in range(5))
 
 
+def test_explaining_is_a_dry_run() -> None:
+    p, reader, clock = setup()
+    reader.hold(B0, 1008)
+    clock.advance(1.0)
+    assert all(p.decide(request(sibling(i)), explain=True).migration is None for i in range(5))
+    assert len(p.hot) == 0
+    assert p.queues.values == [0.0] * 4
+
+
 def test_no_migration_ablation_never_orders() -> None:
     p, reader, clock = setup(migration=False)
     reader.hold(B0, 1008)

@@ -115,7 +115,7 @@ class KVCompassPolicy:
         else:
             reason = "recompute"
         migration = None
-        if self._migrate and indexed:
+        if self._migrate and indexed and not explain:  # explaining is a dry run
             migration = self._consider_migration(
                 query.per_region, prompt, lengths, best, scores, queues
             )
