@@ -204,6 +204,15 @@ def test_a_completion_reports_its_reuse_and_publishes_its_prefixes(
 
         sent = poll_until(vector, 10.0, "a queue vector of region eu")
         assert {w for w, _ in sent.queues} == {8, 9}
+        assert sent.addressed_to("eu")
+
+        def broadcast() -> QueueVector | None:  # every Δ the other regions get one too
+            return next(
+                (v for _, v in queues.read() if isinstance(v, QueueVector) and "asia" in v.to),
+                None,
+            )
+
+        assert poll_until(broadcast, 10.0, "a vector of region eu addressed to asia").region == "eu"
 
         # Reset evicts everything it held, and says so on kvc.events.
         status, _ = post(host.url("eu-0", "/admin/reset"), {})
