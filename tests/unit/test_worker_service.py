@@ -69,7 +69,9 @@ def test_a_completion_body_becomes_a_request_in_its_tenant_namespace() -> None:
     assert parsed.request.tokens.tolist() == [1, 2, 3]
     assert parsed.request.max_tokens == 4
     assert parsed.claimed_tokens == 2
-    assert _parse_completion(completion(), TOPOLOGY).request.namespace.group == "default"
+    default = _parse_completion(completion(max_tokens=None), TOPOLOGY).request
+    assert default.namespace.group == "default"
+    assert default.max_tokens == 16
 
 
 @pytest.mark.parametrize(
