@@ -1,0 +1,104 @@
+"""The router's Prometheus metrics (one registry per process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from kvcompass.services.router.policy import Decision
+
+__all__ = ["RouterMetrics"]
+
+# Decisions take tens of microseconds; forwards up to seconds.
+_DECISION_BUCKETS = (10e-6, 20e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 5e-3, 20e-3)
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.decisions = Counter(
+            "kvc_router_decisions",
+            "Routing decisions by target region and reason.",
+            ["region", "reason"],
+            registry=registry,
+        )
+        self.decision_seconds = Histogram(
+            "kvc_router_decision_seconds",
+            "Time of policy.decide (keys, index lookups, score).",
+            buckets=_DECISION_BUCKETS,
+            registry=registry,
+        )
+        self.cross_region = Counter(
+            "kvc_router_cross_region_forwards",
+            "Requests forwarded to a worker of another region, by target region.",
+            ["region"],
+            registry=registry,
+        )
+        self.requests = Counter(
+            "kvc_router_requests",
+            "Client requests by endpoint and HTTP status.",
+            ["endpoint", "status"],
+            registry=registry,
+        )
+        self.upstream_failures = Counter(
+            "kvc_router_upstream_failures",
+            "Forwards that failed (unreachable, timeout or 5xx), by worker.",
+            ["worker"],
+            registry=registry,
+        )
+        self.claimed_tokens = Counter(
+            "kvc_router_claimed_tokens",
+            "Prompt tokens the router claimed a worker held (responses that reported).",
+            registry=registry,
+        )
+        self.false_claimed_tokens = Counter(
+            "kvc_router_false_claimed_tokens",
+            "Claimed tokens the worker did not reuse; false-claim rate = this / claimed.",
+            registry=registry,
+        )
+        self.false_claim_rate = Gauge(
+            "kvc_router_false_claim_rate",
+            "Unreused / claimed tokens since start.",
+            registry=registry,
+        )
+        self.belief = Gauge(
+            "kvc_router_belief",
+            "Cache belief b_r per worker, as of this process's latest decision.",
+            ["worker"],
+            registry=registry,
+        )
+        self.queue_ms = Gauge(
+            "kvc_router_queue_estimate_ms",
+            "Queue estimate per worker, as of this process's latest decision.",
+            ["worker"],
+            registry=registry,
+        )
+        self.queue_age = Gauge(
+            "kvc_router_queue_vector_age_seconds",
+            "Age (by its sent_at_ns) of the latest queue vector applied, per source region.",
+            ["region"],
+            registry=registry,
+        )
+        self.queue_vectors = Counter(
+            "kvc_router_queue_vectors",
+            "kvc.queues records by outcome (applied, stale, not_addressed, bad).",
+            ["outcome"],
+            registry=registry,
+        )
+        self._claimed = 0
+        self._false = 0
+
+    def decided(self, decision: Decision, seconds: float) -> None:
+        self.decision_seconds.observe(seconds)
+        self.decisions.labels(decision.region, decision.reason).inc()
+        for c in decision.candidates:
+            self.belief.labels(c.worker_id).set(c.belief)
+            self.queue_ms.labels(c.worker_id).set(c.queue_ms)
+
+    def claims(self, claimed: int, reused: int) -> None:
+        if claimed <= 0:
+            return
+        false = max(0, claimed - reused)
+        self.claimed_tokens.inc(claimed)
+        self.false_claimed_tokens.inc(false)
+        self._claimed += claimed
+        self._false += false
+        self.false_claim_rate.set(self._false / self._claimed)

@@ -1,0 +1,77 @@
+"""Settings of an edge router (``KVC_*`` environment variables)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvcompass.services.settings import PipelineSettings
+from kvcompass.settings import setting
+
+__all__ = ["RouterSettings"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RouterSettings(PipelineSettings):
+    """Where the router listens, whom it routes for, where the workers are, its limits."""
+
+    region: str = setting("", "This edge's region (the origin of every request it routes).")
+    router_host: str = setting("127.0.0.1", "Address the OpenAI-compatible API listens on.")
+    router_port: int = setting(8000, "Port of the API (also /metrics, /healthz, /readyz).")
+    router_processes: int = setting(
+        1,
+        "Router processes sharing the port (SO_REUSEPORT) and the edge's shared-memory "
+        "views; each keeps its own policy state.",
+    )
+    policy: str = setting("kvcompass", "Routing policy (kvcompass.routing.make_policy name).")
+    worker_endpoints: str = setting(
+        "",
+        "Worker URLs: 'us-0=http://127.0.0.1:9100,eu-0=...' or the path of a file with one "
+        "id=url per line. Remote workers point at the WAN proxy.",
+    )
+    shm_prefix: str = setting("kvc-edge", "Shared-memory prefix of this edge's replayer.")
+    api_keys: str = setting(
+        "",
+        "Bearer keys and their tenant: 'key1=tenant_a,key2=tenant_b'. Empty = no "
+        "authentication, every request in tenant 'default'.",
+        secret=True,
+    )
+    tokenizer: str = setting(
+        "bytes",
+        "How text prompts become token ids: 'bytes' (UTF-8 bytes) or the path of a "
+        "Hugging Face tokenizers JSON file.",
+    )
+    connect_timeout_s: float = setting(1.0, "Seconds to open a connection to a worker.")
+    request_timeout_s: float = setting(
+        120.0, "Seconds a non-streaming worker response may take in total."
+    )
+    stream_idle_timeout_s: float = setting(
+        30.0, "Seconds a streaming response may go without a chunk (first chunk included)."
+    )
+    max_body_bytes: int = setting(
+        8 << 20, "Largest accepted request body (bytes); larger gets 413."
+    )
+    queue_max_age_s: float = setting(
+        1.0,
+        "Queue vectors older than this (by their sent_at_ns) are skipped: the topic is "
+        "read from its start (the embedded broker cannot seek by time), so this makes a "
+        "long topic replay quickly.",
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.region:
+            raise self.invalid("region", "must name one of the topology's regions")
+        if not 0 < self.router_port <= 65535:
+            raise self.invalid("router_port", "must be a TCP port (1-65535)")
+        if self.router_processes < 1:
+            raise self.invalid("router_processes", "must be at least 1")
+        for name in (
+            "connect_timeout_s",
+            "request_timeout_s",
+            "stream_idle_timeout_s",
+            "queue_max_age_s",
+        ):
+            if getattr(self, name) <= 0:
+                raise self.invalid(name, "must be positive")
+        if self.max_body_bytes < 1024:
+            raise self.invalid("max_body_bytes", "must be at least 1024")

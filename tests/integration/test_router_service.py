@@ -1,0 +1,110 @@
+"""``kvcompass router`` as a process in a real cluster (broker, Redis, MU, edge replayer,
+emulated workers): it becomes ready once the edge's views are, forwards completions,
+claims a prefix the workers' events made the index hold, gets it reused, keeps tenants
+apart, and stops cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from kvcompass.loadgen.testing import LocalCluster, poll_until
+from kvcompass.services.infra import RunningInfra
+from kvcompass.services.router.testing import free_port
+from kvcompass.topology import load_builtin
+
+pytestmark = pytest.mark.integration
+
+TOPOLOGY = load_builtin("testbed-3region")
+MODEL = TOPOLOGY.model.name
+
+
+@pytest.fixture
+def cluster(infra: RunningInfra, tmp_path: Path) -> Iterator[LocalCluster]:
+    c = LocalCluster(
+        infra.kafka_bootstrap, infra.redis_url, tmp_path, shards=2, topology="testbed-3region"
+    )
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def _free_range(n: int) -> int:
+    """A base port whose next ``n`` ports were free a moment ago."""
+    for _ in range(50):
+        base = free_port()
+        if all(_free(base + i) for i in range(n)):
+            return base
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def test_the_router_process_forwards_claims_and_reuses_across_the_real_pipeline(
+    cluster: LocalCluster,
+) -> None:
+    cluster.start_mu()
+    cluster.start_edge()
+    base = _free_range(len(TOPOLOGY.workers))
+    cluster.start("worker", "workers", KVC_WORKER_IDS="region:us", KVC_WORKER_PORT_BASE=str(base),
+                  KVC_TIME_SCALE="0.05")  # fmt: skip
+    endpoints = ",".join(
+        f"{w.id}=http://127.0.0.1:{base + w.index}" for w in TOPOLOGY.workers if w.region == "us"
+    )
+    port = free_port()
+    router = cluster.start(
+        "router", "router", KVC_REGION="us", KVC_ROUTER_PORT=str(port),
+        KVC_WORKER_ENDPOINTS=endpoints, KVC_API_KEYS="ka=tenant_a,kb=tenant_b",
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    cluster.wait_ready("router")
+    assert httpx.get(url + "/readyz").status_code == 200
+
+    prompt = list(range(1000, 1000 + 4096))
+    body: dict[str, Any] = {"model": MODEL, "prompt": prompt, "max_tokens": 2}
+
+    def post(path: str, key: str = "ka") -> httpx.Response:
+        return httpx.post(url + path, json=body, headers={"authorization": f"Bearer {key}"},
+                          timeout=30)  # fmt: skip
+
+    first = post("/v1/completions")
+    assert first.status_code == 200, first.text
+    worker = first.headers["x-kvc-worker"]
+    assert first.headers["x-kvc-region"] == "us"
+    assert first.json()["kvc"]["worker"] == worker
+
+    # The worker's admit events reach the MU, its patches the edge's views, the router.
+    def claimed() -> dict[str, Any] | None:
+        d: dict[str, Any] = post("/v1/route").json()
+        return d if d["claimed_tokens"] > 0 else None
+
+    decision = poll_until(claimed, 60, "the router claims the prefix the worker holds")
+    assert decision["worker"] == worker
+    again = post("/v1/completions")
+    assert again.status_code == 200
+    assert again.headers["x-kvc-worker"] == worker
+    claimed_tokens = int(again.headers["x-kvc-claimed-tokens"])
+    assert claimed_tokens > 0
+    assert again.json()["kvc"]["reused_tokens"] >= claimed_tokens
+
+    other = post("/v1/route", key="kb").json()  # tenant B matches nothing of tenant A's
+    assert other["claimed_tokens"] == 0
+    assert all(c["matched_tokens"] == 0 for c in other["candidates"])
+    assert post("/v1/completions", key="nope").status_code == 401
+
+    metrics = httpx.get(url + "/metrics").text
+    assert 'kvc_router_requests_total{endpoint="completions",status="200"} 2.0' in metrics
+    assert cluster.stop(router) == 0
