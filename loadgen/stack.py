@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -38,6 +39,7 @@ from kvcompass.topology import Topology
 __all__ = ["ComponentFailed", "LocalStack", "StackConfig"]
 
 _POLL_S = 0.05
+_PORT_FLOOR = 20_000  # stack ports come from [20000, start of the ephemeral range)
 
 
 class ComponentFailed(RuntimeError):
@@ -60,6 +62,9 @@ class StackConfig:
     eviction: str = "lru"
     api_keys: Mapping[str, str] = field(default_factory=dict)  # key -> tenant
     ready_timeout_s: float = 60.0
+    # Workers that get a host process of their own (``workers-<id>``), so that one
+    # worker can be killed alone; the others share one host per region.
+    separate_workers: tuple[str, ...] = ()
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -111,7 +116,7 @@ class LocalStack:
             progress("maintenance unit, workers, wan proxy")
             self._launch(
                 self._mu(),
-                *(self._workers(r.name) for r in self.topology.regions),
+                *self._worker_hosts(),
                 self._wanproxy(),
             )
             self._proxy_map = self._read_proxy_map()
@@ -255,13 +260,21 @@ class LocalStack:
             "edge", f"edge-{region}", _ready, KVC_SHM_PREFIX=self.shm_prefixes[region]
         )
 
-    def _workers(self, region: str) -> _Component:
-        ids = [w.id for w in self.topology.region(region).workers]
+    def _worker_hosts(self) -> list[_Component]:
+        alone = set(self.config.separate_workers)
+        hosts = [self._workers(f"workers-{w}", [w]) for w in self.config.separate_workers]
+        for region in self.topology.regions:
+            ids = [w.id for w in region.workers if w.id not in alone]
+            if ids:
+                hosts.append(self._workers(f"workers-{region.name}", ids))
+        return hosts
+
+    def _workers(self, name: str, ids: list[str]) -> _Component:
         ports = ",".join(f"{w}={self.worker_ports[w]}" for w in ids)
         first = self.worker_ports[ids[0]]
         return self._service(
             "worker",
-            f"workers-{region}",
+            name,
             lambda _port: _ready(first, "/readyz"),
             KVC_WORKER_IDS=",".join(ids),
             KVC_WORKER_PORTS=ports,
@@ -361,18 +374,32 @@ class LocalStack:
 
 
 def _free_ports(n: int) -> list[int]:
-    """``n`` distinct loopback ports that were free a moment ago (held open together, so
-    the OS cannot hand out one twice; a later clash fails that component's start)."""
-    sockets = []
+    """``n`` distinct loopback ports that were free a moment ago, from below the kernel's
+    ephemeral range, where no other process's bind(0) or outgoing connection lands: the
+    many services starting at once (and any test suite beside us) cannot take one
+    between this check and the component's own bind."""
+    low, _ = _ephemeral_range()
+    rng = random.Random()
+    ports: list[int] = []
+    while len(ports) < n:
+        port = rng.randrange(_PORT_FLOOR, low)
+        if port in ports:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports
+
+
+def _ephemeral_range() -> tuple[int, int]:
     try:
-        for _ in range(n):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
 
 
 def _ready(port: int, path: str = "/readyz") -> bool:

@@ -141,6 +141,17 @@ class EventPublisher:
             return self.flush()
         return []
 
+    def discard(self) -> int:
+        """Drop every buffered event unsent; returns how many keys were dropped.
+
+        For fault injection only (a worker whose updates are lost: the index keeps
+        claiming what it no longer holds); sequence numbers are not consumed.
+        """
+        dropped = self._pending_keys
+        self._pending.clear()
+        self._pending_keys = 0
+        return dropped
+
     def flush(self) -> list[KVEventBatch]:
         """Send every buffered event: one batch per shard, in shard order."""
         sent = []

@@ -8,9 +8,11 @@ the routers' scores and the workers' timings are 10x the real ones.
 
 from __future__ import annotations
 
+import http.client
 import json
 import random
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -38,6 +40,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
         time_scale=SCALE,
         api_keys=KEYS,
         ready_timeout_s=90.0,
+        separate_workers=("us-7",),
     )
     stack = LocalStack(config)
     stack.start()
@@ -118,6 +121,13 @@ def test_long_remote_match_is_forwarded_short_one_is_not(stack: LocalStack) -> N
     assert headers["x-kvc-region"] == "us", "a 1K match cannot pay for 320 ms of WAN"
 
 
+def _direct(stack: LocalStack, worker: str, prompt: list[int], tenant: str = "tenant_a") -> None:
+    """A completion sent straight to ``worker`` (no router), so it caches ``prompt``."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "kvc": {"namespace": tenant}}
+    status, _, data = _post(stack.worker_url(worker) + "/v1/completions", body, key=None)
+    assert status == 200, data
+
+
 def _flood(stack: LocalStack, worker: str, prompts: list[list[int]]) -> list[threading.Thread]:
     """Send ``prompts`` straight to ``worker`` from background threads (not via a router)."""
 
@@ -142,8 +152,9 @@ def test_saturated_holder_loses_to_an_idle_worker_that_recomputes(stack: LocalSt
     headers, _ = complete(stack, "asia", prompt)
     holder = headers["x-kvc-worker"]
     wait_indexed(stack, "asia", prompt, holder)
-    # ~16 s (emulated) of other prefill work queued at the holder.
-    flood = _flood(stack, holder, [_prompt(16_000, seed=100 + i) for i in range(12)])
+    # ~40 s (emulated; 4 s real) of other prefill work queued at the holder: the edge
+    # must see it through the queue vectors while it lasts.
+    flood = _flood(stack, holder, [_prompt(16_000, seed=100 + i) for i in range(30)])
 
     def elsewhere() -> dict[str, Any] | None:
         d = route(stack, "asia", prompt)
@@ -209,33 +220,76 @@ def test_a_dram_hit_is_priced_as_the_score_says(stack: LocalStack) -> None:
     )
 
 
-def test_streaming_arrives_token_by_token(stack: LocalStack) -> None:
-    import http.client
-    import time
-
-    port = int(stack.router_urls["eu"].rsplit(":", 1)[1])
+def _stream(port: int, body: dict[str, Any]) -> tuple[int, str, list[tuple[float, str]]]:
+    """(status, content type, [(arrival time, data)] of every SSE event)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    body = {"model": MODEL, "prompt": _prompt(256, seed=7), "max_tokens": 40, "stream": True}
-    conn.request(
-        "POST",
-        "/v1/completions",
-        json.dumps(body),
-        {"content-type": "application/json", "authorization": "Bearer key-a"},
-    )
+    headers = {"content-type": "application/json", "authorization": "Bearer key-a"}
+    conn.request("POST", "/v1/completions", json.dumps(body), headers)
     reply = conn.getresponse()
-    assert reply.status == 200
-    assert reply.getheader("content-type", "").startswith("text/event-stream")
     events: list[tuple[float, str]] = []
-    while True:
-        line = reply.readline()
-        if not line:
-            break
+    while line := reply.readline():
         if line.startswith(b"data: "):
             events.append((time.monotonic(), line[6:].decode().strip()))
+    conn.close()
+    return reply.status, reply.getheader("content-type", ""), events
+
+
+def test_streaming_arrives_token_by_token(stack: LocalStack) -> None:
+    port = int(stack.router_urls["eu"].rsplit(":", 1)[1])
+    n = 200
+    body = {"model": MODEL, "prompt": _prompt(256, seed=7), "max_tokens": n, "stream": True}
+    # A process's first request pays one-off set-up (connections, first calls): its
+    # tokens then leave in a catch-up burst. Measure the pace on a warm path.
+    _stream(port, {**body, "max_tokens": 1})
+    status, content_type, events = _stream(port, body)
+    assert status == 200
+    assert content_type.startswith("text/event-stream")
     assert events[-1][1] == "[DONE]"
     chunks = [json.loads(data) for _, data in events[:-1]]
     texts = [c["choices"][0]["text"] for c in chunks if c["choices"] and c["choices"][0]["text"]]
-    assert len(texts) == 40
-    # 40 decode steps of >= 9 ms emulated (0.9 ms real) cannot arrive in one burst.
-    assert events[-2][0] - events[0][0] > 39 * 9.0 * SCALE / 1000
-    assert chunks[-1]["usage"]["completion_tokens"] == 40
+    assert len(texts) == n
+    # n decode steps of >= 9 ms emulated (0.9 ms real) each: a stream buffered anywhere
+    # on the way would arrive in one burst. (Half the span: a loaded machine's event
+    # loops may release a few overdue tokens together.)
+    step_s = TOPOLOGY.model.decode_ms_per_step * SCALE / 1000
+    assert events[-2][0] - events[0][0] > 0.5 * (n - 1) * step_s
+    assert chunks[-1]["usage"]["completion_tokens"] == n
+
+
+def test_a_worker_that_falsely_claims_caches_loses_belief_and_requests(
+    stack: LocalStack,
+) -> None:
+    liar, honest = "us-0", "us-1"
+    prompts = [_prompt(4_096, seed=200 + i) for i in range(8)]
+    for p in prompts:
+        _direct(stack, liar, p)  # the whole prompt...
+        _direct(stack, honest, p[:2_048])  # ...and half of it, truly held
+    wait_indexed(stack, "us", prompts[-1], liar)
+    wait_indexed(stack, "us", prompts[-1], honest)
+    # The liar's cache empties but the index never hears: every claim on it is false.
+    _worker_post(stack, liar, "/admin/reset", {"publish_evictions": False})
+    chosen = [complete(stack, "us", p)[0]["x-kvc-worker"] for p in prompts]
+    # It wins while b·4096 > 2048 (belief EWMA 0.2: 1, .8, .64, .51 -> four claims),
+    # then the honest half-holder wins every time.
+    assert chosen[0] == liar
+    assert chosen[-3:] == [honest] * 3, chosen
+    assert chosen.count(liar) <= 5, chosen
+    belief = {c["worker"]: c["belief"] for c in route(stack, "us", prompts[0])["candidates"]}
+    assert belief[liar] < 0.5 < belief[honest]
+
+
+def test_a_killed_worker_is_routed_around(stack: LocalStack) -> None:
+    victim = "us-7"
+    prompt = _prompt(4_096, seed=9)
+    _direct(stack, victim, prompt)
+    assert wait_indexed(stack, "us", prompt, victim)["worker"] == victim
+    stack.kill(f"workers-{victim}")
+    # The first request still picks it, fails to connect, and is retried on the next
+    # best worker; from then on the router treats it as down.
+    for i in range(3):
+        headers, _ = complete(stack, "us", prompt if i == 0 else _prompt(512, seed=300 + i))
+        assert headers["x-kvc-worker"] != victim
+    assert route(stack, "us", prompt)["worker"] != victim
+    down = {c["worker"]: c for c in route(stack, "us", prompt)["candidates"]}[victim]
+    assert down["down"]
+    assert down["queue_ms"] is None
