@@ -122,9 +122,7 @@ class EventPublisher:
                 raise ValueError(
                     f"lengths {unknown} are not registration lengths of {self.worker.id}"
                 )
-            keys = prefix_keys(
-                tokens, sorted(lengths), namespace or self.namespace, self._key_hash
-            )
+            keys = prefix_keys(tokens, sorted(lengths), namespace or self.namespace, self._key_hash)
         by_shard: dict[int, list[tuple[int, int]]] = defaultdict(list)
         for length, key in keys.items():
             by_shard[shard_of(key, self.n_shards)].append((length, key))
