@@ -240,7 +240,8 @@ def _parse_completion(body: Mapping[str, Any], topology: Topology) -> _Completio
             404, f"model {body.get('model')!r} is not served here (only {model.name!r})",
             "model_not_found",
         )  # fmt: skip
-    max_tokens = _int(body.get("max_tokens", 16), "max_tokens", 1, model.context_tokens)
+    raw_max = body.get("max_tokens")
+    max_tokens = 16 if raw_max is None else _int(raw_max, "max_tokens", 1, model.context_tokens)
     tokens = _tokens(body.get("prompt"), "prompt")
     if len(tokens) + max_tokens > model.context_tokens:
         raise ApiError(
