@@ -140,9 +140,11 @@ def test_router_processes_share_one_port_and_stop_together(
                     assert client.post(url, json=body, timeout=10).status_code == 200
             return len(stub.requests) >= 30
 
-        listening = poll_until(
-            lambda: (found := _listeners(port)) and len(found) == 3 and found, 60, "3 listeners"
-        )
+        def three_listeners() -> set[str] | None:
+            found = _listeners(port)
+            return found if len(found) == 3 else None
+
+        listening = poll_until(three_listeners, 60, "three processes listening on the port")
         poll_until(all_serving, 60, "requests served through the shared port")
         for pid in [router.pid, *pids]:
             assert _sockets(pid) & listening, f"process {pid} does not listen on {port}"
