@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -35,6 +36,7 @@ MODEL = TOPOLOGY.model.name
 CONTEXT = TOPOLOGY.model.context_tokens
 ID = {w.id: w.index for w in TOPOLOGY.workers}
 KEYS = "key-a=tenant_a,key-b=tenant_b"
+TIMEOUT_S = 1.0  # the router's upstream timeouts in these tests
 
 
 @dataclass
@@ -110,6 +112,7 @@ class Edges:
     def __call__(
         self, order: list[str], *, modes: dict[str, str] | None = None, keys: str = KEYS,
         reused: int = 0, gate: threading.Semaphore | None = None, dead: tuple[str, ...] = (),
+        slow: tuple[str, ...] = (),
     ) -> Edge:  # fmt: skip
         """Stubs for every worker of ``order`` except ``dead`` ones (a port nobody
         listens on); the policy picks ``order[0]`` then falls back to ``order[1]``."""
@@ -120,7 +123,7 @@ class Edges:
                 continue
             w = TOPOLOGY.workers[ID[wid]]
             stub = StubWorker(wid, w.region, (modes or {}).get(wid, "ok"), reused,
-                              {wid: 12.5}, gate)  # fmt: skip
+                              {wid: 12.5}, gate, 3 * TIMEOUT_S if wid in slow else 0.0)  # fmt: skip
             stubs[wid] = stub
             urls[ID[wid]] = self._stack.enter_context(serve_in_thread(stub.app()))
         policy = StandInPolicy(TOPOLOGY, [ID[w] for w in order])
@@ -128,8 +131,8 @@ class Edges:
         router = RouterApp(
             topology=TOPOLOGY, region="us", policy=policy,
             upstream=Upstream(urls, {w.index: w.id for w in TOPOLOGY.workers},
-                              connect_timeout_s=1.0, request_timeout_s=5.0,
-                              stream_idle_timeout_s=5.0),
+                              connect_timeout_s=1.0, request_timeout_s=TIMEOUT_S,
+                              stream_idle_timeout_s=TIMEOUT_S),
             tenancy=Tenancy(keys), tokenizer=ByteTokenizer(), health=Health(),
             registry=registry, views_ready=lambda: (True, ""), max_body_bytes=1 << 20,
         )  # fmt: skip
@@ -285,6 +288,26 @@ def test_unreachable_workers_give_503(edges: Edges) -> None:
     assert r.status_code == 503
     assert "no worker could be reached" in r.json()["error"]["message"]
     assert edge.policy.failures == [ID["us-0"], ID["us-1"]]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_hanging_worker_times_out_and_is_routed_around(edges: Edges, stream: bool) -> None:
+    edge = edges(["us-0", "us-1"], slow=("us-0",))
+    t0 = time.monotonic()
+    r = edge.post("/v1/completions", completion(stream=stream))
+    assert r.status_code == 200
+    assert r.headers["x-kvc-worker"] == "us-1"
+    assert time.monotonic() - t0 < TIMEOUT_S + 2
+    assert edge.policy.failures == [ID["us-0"]]
+
+
+def test_hanging_workers_give_503_within_the_timeouts(edges: Edges) -> None:
+    edge = edges(["us-0", "us-1"], slow=("us-0", "us-1"))
+    t0 = time.monotonic()
+    r = edge.post("/v1/completions", completion())
+    assert r.status_code == 503
+    assert "timed out" in r.json()["error"]["message"]
+    assert time.monotonic() - t0 < 2 * TIMEOUT_S + 2
 
 
 def test_an_unreachable_worker_is_routed_around(edges: Edges) -> None:
