@@ -46,9 +46,19 @@ class StubWorker:
     gate: threading.Semaphore | None = None
     delay_s: float = 0.0
     requests: list[dict[str, Any]] = field(default_factory=list)
+    migrations: list[dict[str, Any]] = field(default_factory=list)
 
     def app(self) -> Starlette:
-        return Starlette(routes=[Route("/v1/completions", self._complete, methods=["POST"])])
+        return Starlette(
+            routes=[
+                Route("/v1/completions", self._complete, methods=["POST"]),
+                Route("/v1/migrate", self._migrate, methods=["POST"]),
+            ]
+        )
+
+    async def _migrate(self, request: Request) -> Response:
+        self.migrations.append(json.loads(await request.body()))
+        return JSONResponse({"accepted": True}, status_code=202)
 
     def _kvc(self) -> dict[str, Any]:
         return {

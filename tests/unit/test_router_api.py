@@ -16,12 +16,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kvcompass.index.layout import Tier
+from kvcompass.loadgen.testing import poll_until
 from kvcompass.services.health import Health
 from kvcompass.services.router.app import RouterApp
 from kvcompass.services.router.policy import (
     Candidate,
     Decision,
     Feedback,
+    MigrationOrder,
     RegionQueues,
     RouteRequest,
 )
@@ -47,6 +49,7 @@ class StandInPolicy:
     topology: Topology
     order: list[int]
     name: str = "stand-in"
+    migration: MigrationOrder | None = None
     requests: list[RouteRequest] = field(default_factory=list)
     observed: list[Feedback] = field(default_factory=list)
     forwards: list[tuple[int, float]] = field(default_factory=list)
@@ -69,7 +72,7 @@ class StandInPolicy:
         return Decision(
             worker=best.index, worker_id=best.id, region=best.region, reason="stand-in",
             claimed_tokens=claimed, lam=1.0, candidates=candidates,
-            fallbacks=tuple(self.order[1:]),
+            fallbacks=tuple(self.order[1:]), migration=self.migration,
         )  # fmt: skip
 
     def observe(self, feedback: Feedback) -> None:
@@ -211,6 +214,22 @@ def test_chat_messages_use_the_template_and_answer_as_chat_completions(edges: Ed
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "t0 t1 "}
     want = list(chat_prompt([("system", "be brief"), ("user", "hi")]).encode())
     assert edge.stubs["us-0"].requests[0]["prompt"] == want
+
+
+def test_a_migration_order_is_sent_to_its_target(edges: Edges) -> None:
+    edge = edges(["us-0", "us-1", "eu-0"])
+    edge.policy.migration = MigrationOrder(16, ID["us-1"], ID["us-0"], "copy")
+    assert edge.post("/v1/completions", completion(), key="key-b").status_code == 200
+    poll_until(lambda: edge.stubs["us-1"].migrations, 10, "the migration order")
+    assert edge.stubs["us-1"].migrations == [
+        {"prompt": list(range(16)), "namespace": "tenant_b", "mode": "copy", "source": "us-0"}
+    ]
+    edge.policy.migration = MigrationOrder(8, ID["eu-0"], None, "recompute")
+    assert edge.post("/v1/completions", completion()).status_code == 200
+    poll_until(lambda: edge.stubs["eu-0"].migrations, 10, "the cross-region order")
+    assert edge.stubs["eu-0"].migrations == [
+        {"prompt": list(range(8)), "namespace": "tenant_a", "mode": "recompute"}
+    ]
 
 
 # -- streaming -------------------------------------------------------------------------
