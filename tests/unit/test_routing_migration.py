@@ -75,9 +75,11 @@ def test_remote_holder_beyond_n1_and_no_local_holder_ships_the_prompt() -> None:
     assert p.decide(request(sibling(3))).migration is None
 
 
-def test_no_migration_without_any_holder() -> None:
-    p, _, clock = setup()
+def test_no_migration_without_any_holder_or_with_a_remote_match_below_n1() -> None:
+    p, reader, clock = setup()
     clock.advance(1.0)
+    assert all(p.decide(request(sibling(i))).migration is None for i in range(6))
+    reader.hold(B0, 992)  # shorter than n1(a -> b) = 1008: not worth a trip, nor a copy
     assert all(p.decide(request(sibling(i))).migration is None for i in range(6))
 
 
@@ -112,6 +114,17 @@ def test_target_must_have_been_idle_for_idle_for_s_and_prefers_the_longest_idle(
     clock.advance(0.7)  # a-1 idle 1.2 s, a-0 0.9 s: only a-1 qualifies
     order = p.decide(request(sibling(3))).migration  # still hot: 4 misses within 1 s
     assert order == MigrationOrder(2000, A1, None, "recompute")
+
+
+def test_among_idle_targets_the_longest_idle_wins() -> None:
+    p, reader, clock = setup()
+    reader.hold(B0, 1008)
+    p.on_queues(queues("a", 1, w1=3.0))
+    clock.advance(0.3)
+    p.on_queues(queues("a", 2, w1=0.0))  # a-1 idle since 0.3, a-0 since 0
+    clock.advance(1.5)  # both idle over 1 s
+    orders = [p.decide(request(sibling(i))).migration for i in range(3)]
+    assert orders[2] == MigrationOrder(2000, A0, None, "recompute")
 
 
 def test_prompt_shorter_than_the_first_chunk_has_no_family() -> None:

@@ -201,6 +201,16 @@ def test_local_least_loaded_ignores_caches_and_other_regions() -> None:
     assert p.decide(request(tokens(2000))).worker == A1
 
 
+def test_baselines_explain_every_eligible_worker() -> None:
+    for name, expected in (("local-least-loaded", 2), ("round-robin", 4), ("random", 4)):
+        p = make_policy(name, TOY, "a", clock=ManualClock())
+        d = p.decide(request(tokens(10)), explain=True)
+        assert len(d.candidates) == expected
+        assert d.candidates[0].prefill_ms == pytest.approx(
+            TOY.workers[d.worker].beta_ms_per_token * 10
+        )
+
+
 def test_round_robin_and_random_cover_every_worker() -> None:
     rr = make_policy("round-robin", TOY, "a", clock=ManualClock())
     assert [rr.decide(request(tokens(10))).worker for _ in range(6)] == [0, 1, 2, 3, 0, 1]

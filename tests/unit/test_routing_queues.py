@@ -20,6 +20,8 @@ from kvcompass.routing import (
 from kvcompass.routing.testing import A0, A1, B0, B1, TOY, queues
 from kvcompass.wire import QueueVector, decode, encode
 
+MS = 1_000_000  # ns
+
 
 def estimates(clock: ManualClock, weight: float = 0.5) -> QueueEstimates:
     return QueueEstimates(TOY, "a", clock, piggyback_weight=weight)
@@ -64,15 +66,31 @@ def test_older_or_repeated_vectors_are_ignored_per_worker() -> None:
     assert q.apply(RegionQueues("b", 11, 11, {99: 1.0}), piggybacked=False) == 0
 
 
-def test_pending_work_counts_until_the_next_report() -> None:
-    clock = ManualClock()
+def test_pending_work_counts_until_a_report_sent_after_it_arrived() -> None:
+    clock = ManualClock(wall_ns=MS)
     q = estimates(clock)
-    q.apply(queues("a", 1, w0=10.0), piggybacked=False)
-    q.add_pending(A0, 30.0)
+    q.apply(queues("a", MS, w0=10.0), piggybacked=False)
+    q.add_pending(A0, 30.0)  # reaches a-0 0.5 ms from now
     q.add_pending(A0, 5.0)
     assert (q.values[A0], q.source(A0)) == (45.0, "pending")
-    q.apply(queues("a", 2, w0=12.0), piggybacked=False)
-    assert (q.values[A0], q.source(A0)) == (12.0, "live")
+    q.apply(queues("a", MS + MS // 4, w0=12.0), piggybacked=False)  # sent before arrival
+    assert (q.values[A0], q.source(A0)) == (47.0, "pending")
+    q.apply(queues("a", MS + MS // 2, w0=14.0), piggybacked=False)
+    assert (q.values[A0], q.source(A0)) == (14.0, "live")
+
+
+def test_a_remote_broadcast_sent_while_our_request_crosses_the_wan_keeps_it_pending() -> None:
+    clock = ManualClock(wall_ns=MS)
+    q = estimates(clock)
+    q.add_pending(B0, 100.0)  # one way a -> b is 50 ms
+    clock.advance(0.001)
+    q.add_pending(B0, 20.0)
+    q.apply(queues("b", 40 * MS, w2=7.0), piggybacked=False)
+    assert q.values[B0] == 127.0
+    q.apply(queues("b", 51 * MS, w2=9.0), piggybacked=False)  # counts the first only
+    assert q.values[B0] == 29.0
+    q.apply(queues("b", 52 * MS, w2=3.0), piggybacked=False)
+    assert (q.values[B0], q.source(B0)) == (3.0, "broadcast")
 
 
 def test_age_is_time_since_the_last_report_not_pending() -> None:

@@ -74,6 +74,13 @@ def test_remote_vram_holder_wins_when_its_match_pays_for_the_round_trip() -> Non
     assert (c[B0].matched_tokens, c[B0].tier, c[B0].reload_ms) == (1008, Tier.VRAM, 0.0)
 
 
+def test_without_cross_region_reuse_a_remote_holder_is_a_stranger() -> None:
+    reader = StubReader(4)
+    reader.hold(B0, 1008)
+    d = policy(TOY, reader, Ablations(xregion_reuse=False)).decide(request(tokens(2000)))
+    assert (d.worker_id, d.reason, d.claimed_tokens) == ("a-0", "recompute", 0)
+
+
 def test_dram_match_pays_the_reload_and_tier_blind_drops_it() -> None:
     reader = StubReader(4)
     reader.hold(B0, 1008, Tier.DRAM)
@@ -149,7 +156,7 @@ def test_candidate_terms_sum_to_the_score() -> None:
         assert c.score == pytest.approx(c.wan_ms + c.queue_ms + c.prefill_ms + c.reload_ms)
     assert [c.score for c in d.candidates] == sorted(c.score for c in d.candidates)
     fast = p.decide(request(tokens(3000)))
-    assert fast.candidates == d.candidates[:1]
+    assert fast.candidates == d.candidates[:3]  # the chosen and the two fallbacks
     assert fast.fallbacks == d.fallbacks == tuple(c.worker for c in d.candidates[1:3])
 
 
@@ -164,6 +171,9 @@ def test_ties_go_local_first_then_lower_queue() -> None:
     c = by_worker(d.candidates)
     assert c[A0].score == c[B0].score
     assert d.worker == A0  # local first
+    # From region b, the local worker b-0 goes before a-0 despite its higher index.
+    from_b = JointScore(topo, "b", Ablations(), 8.0, 350.0)
+    assert from_b.rank([5.0, 6.0, 5.0, 7.0], [0.0] * 4, 2)[:2] == [B0, A0]
     s = JointScore(topo, "a", Ablations(), 8.0, 350.0)
     # Same region and score, different queues: the lower queue first, then the index.
     assert s.rank([5.0, 5.0, 9.0, 9.0], [3.0, 1.0, 0.0, 0.0], 2)[:2] == [A1, A0]
@@ -204,6 +214,8 @@ def test_each_ablation_changes_exactly_its_term() -> None:
         assert no_load[w].prefill_ms * (1 + lam) == pytest.approx(full[w].prefill_ms)
 
     _, local_only = _explain(Ablations(xregion_reuse=False))
+    for c in local_only.values():
+        assert c.score == pytest.approx(c.wan_ms + c.queue_ms + c.prefill_ms + c.reload_ms)
     assert _changed(full, local_only) == {
         (B0, "matched_tokens"),
         (B0, "tier"),

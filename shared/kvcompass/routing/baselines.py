@@ -1,8 +1,8 @@
 """Baselines that ignore the index: the demo's local least-loaded, round-robin, random.
 
 They keep the same queue estimates as KVCompass (with pending work), so the comparison
-isolates what the index and the joint score add. Their decisions name only the chosen
-worker and the fallbacks as candidates, priced as a full recompute.
+isolates what the index and the joint score add. Their candidates are priced as a full
+recompute (their terms are informative only: these policies do not score).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ class _Baseline:
         self._top = 1 + config.fallbacks
         self._wan = tuple(topology.rtt_ms(origin_region, w.region) for w in topology.workers)
 
-    def _order(self, request: RouteRequest) -> Sequence[int]:
+    def _order(self, count: int) -> Sequence[int]:
+        """At least ``min(count, eligible)`` workers, best first."""
         raise NotImplementedError
 
     def decide(self, request: RouteRequest, explain: bool = False) -> Decision:
@@ -46,9 +47,10 @@ class _Baseline:
         prompt = len(request.tokens)
         if prompt == 0:
             raise BadInput("empty prompt")
-        order = list(self._order(request))[: self._top]
+        count = len(self._wan) if explain else self._top
+        order = list(self._order(count))[:count]
         best = order[0]
-        candidates = tuple(self._candidate(w, prompt) for w in (order if explain else order[:1]))
+        candidates = tuple(self._candidate(w, prompt) for w in order)
         worker = self.topology.workers[best]
         return Decision(
             worker=best,
@@ -58,7 +60,7 @@ class _Baseline:
             claimed_tokens=0,
             lam=0.0,
             candidates=candidates,
-            fallbacks=tuple(order[1:]),
+            fallbacks=tuple(order[1 : self._top]),
         )
 
     def _candidate(self, w: int, prompt: int) -> Candidate:
@@ -107,7 +109,7 @@ class LocalLeastLoaded(_Baseline):
         super().__init__(topology, origin_region, config, clock)
         self._local = tuple(w.index for w in topology.region(origin_region).workers)
 
-    def _order(self, request: RouteRequest) -> Sequence[int]:
+    def _order(self, count: int) -> Sequence[int]:
         return sorted(self._local, key=self.queues.values.__getitem__)
 
 
@@ -124,10 +126,10 @@ class RoundRobin(_Baseline):
         self._n = len(topology.workers)
         self._next = 0
 
-    def _order(self, request: RouteRequest) -> Sequence[int]:
+    def _order(self, count: int) -> Sequence[int]:
         start, n = self._next, self._n
         self._next = (start + 1) % n
-        return [(start + i) % n for i in range(min(n, self._top))]
+        return [(start + i) % n for i in range(min(n, count))]
 
 
 class RandomPolicy(_Baseline):
@@ -148,5 +150,5 @@ class RandomPolicy(_Baseline):
         self._rng = random.Random(seed)
         self._n = len(topology.workers)
 
-    def _order(self, request: RouteRequest) -> Sequence[int]:
-        return self._rng.sample(range(self._n), min(self._n, self._top))
+    def _order(self, count: int) -> Sequence[int]:
+        return self._rng.sample(range(self._n), min(self._n, count))

@@ -103,12 +103,11 @@ class KVCompassPolicy:
         scores = score.scores(prompt, lengths, tiers, belief, queues, lam)
         order = score.rank(scores, queues, self._top)
         best = order[0]
-        shown = order if explain else order[:1]
         candidates = tuple(
             score.candidate(w, prompt, lengths, tiers, belief, queues, lam, scores[w])
-            for w in shown
+            for w in (order if explain else order[: self._top])
         )
-        claimed = score.credited(best, lengths[best])
+        claimed = candidates[0].matched_tokens
         if not indexed:
             reason = "no-index"
         elif claimed:
@@ -118,16 +117,16 @@ class KVCompassPolicy:
         migration = None
         if self._migrate and indexed:
             migration = self._consider_migration(query.per_region, prompt, lengths, best)
-        return Decision(
-            worker=best,
-            worker_id=score.ids[best],
-            region=score.regions[best],
-            reason=reason,
-            claimed_tokens=claimed,
-            lam=lam,
-            candidates=candidates,
-            fallbacks=tuple(order[1 : self._top]),
-            migration=migration,
+        return Decision(  # positional: measurably faster on this path
+            best,
+            score.ids[best],
+            score.regions[best],
+            reason,
+            claimed,
+            lam,
+            candidates,
+            tuple(order[1 : self._top]),
+            migration,
         )
 
     def _consider_migration(
@@ -146,8 +145,7 @@ class KVCompassPolicy:
         family = own[0][1]
         if not self.hot.miss(family, self._clock.monotonic()):
             return None
-        idle = [self.queues.idle_for_s(w) for w in range(self.score.n_workers)]
-        order = self.migrations.plan(prompt, lengths, idle)
+        order = self.migrations.plan(prompt, lengths, self.queues.idle_for_s)
         if order is not None:
             self.hot.reset(family)
             # The target is busy loading it now (recompute: a prefill; copy: a transfer

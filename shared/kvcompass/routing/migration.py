@@ -17,7 +17,7 @@ region when
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -96,12 +96,12 @@ class MigrationPlanner:
         self,
         prompt_tokens: int,
         lengths: Sequence[int],
-        idle_for: Sequence[float],
+        idle_for: Callable[[int], float],
     ) -> MigrationOrder | None:
         """An order for a hot family's triggering request, or None (no trigger or no target).
 
-        ``lengths[w]``: worker ``w``'s match (0: none; remote ones 0 when cross-region
-        reuse is off); ``idle_for[w]``: how long its queue estimate has been 0.
+        ``lengths[w]``: worker ``w``'s match (0: none); ``idle_for(w)``: how long its
+        queue estimate has been 0 (asked only of local workers, once a trigger holds).
         """
         local_holders = [w for w in self.local if lengths[w]]
         if local_holders:
@@ -121,8 +121,9 @@ class MigrationPlanner:
             mode = "recompute"
         if prefix <= 0:
             return None
-        idle = [w for w in self.local if idle_for[w] >= self.idle_for_s and lengths[w] < prefix]
-        if not idle:
+        idle = {w: idle_for(w) for w in self.local if lengths[w] < prefix}
+        ready = [w for w, s in idle.items() if s >= self.idle_for_s]
+        if not ready:
             return None
-        target = max(idle, key=lambda w: (idle_for[w], -w))  # idle longest, then lowest index
+        target = max(ready, key=lambda w: (idle[w], -w))  # idle longest, then lowest index
         return MigrationOrder(prefix, target, source, mode)

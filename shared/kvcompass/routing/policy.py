@@ -84,8 +84,9 @@ class Decision:
     "least-loaded", "round-robin", "random". ``claimed_tokens`` is the match the edge
     claims at that worker (send it to the worker; its reuse report updates the belief).
     ``candidates`` is ranked best first: every worker when the policy was asked to
-    explain, else only the chosen one (building the rest costs more than the score).
-    ``fallbacks`` are the next-best workers, for one retry.
+    explain, else the chosen one and the fallbacks (a retry needs their claims; building
+    all of them would cost more than the score). ``fallbacks`` are the next-best
+    workers, for one retry.
     """
 
     worker: int

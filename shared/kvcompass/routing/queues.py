@@ -6,7 +6,9 @@ cross-region response piggybacks, folded in with an EWMA of weight w, and the re
 broadcast every Δ, which replaces the estimate (it is at most Δ old, so averaging it with
 an older value would only add lag). Between two reports the edge adds the work it
 forwarded itself (pending), or every decision until the next report would pick the same
-idle worker.
+idle worker. A report supersedes only the pending work that had reached the worker when
+the report was sent (forward time + one-way latency, on the wall clock): a remote
+region's broadcast sent while our request is still crossing the WAN does not include it.
 
 :class:`QueueReporter` is the sender's half: which regions a region's broadcast goes to.
 """
@@ -14,6 +16,7 @@ idle worker.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final, Literal
 
@@ -62,6 +65,11 @@ class QueueEstimates:
         self.blocked = [0.0] * n
         self._reported = [0.0] * n
         self._pending = [0.0] * n
+        # Per worker: (wall ns the work reaches it, ms), oldest first.
+        self._in_flight: list[deque[tuple[int, float]]] = [deque() for _ in range(n)]
+        self._one_way_ns = [
+            round(topology.wan_ms(origin_region, w.region) * 1e6) for w in topology.workers
+        ]
         self._source: list[Source] = ["none"] * n
         self._reported_at = [now] * n
         self._sent_ns = [-1] * n  # sender wall clock of the last applied report
@@ -91,19 +99,27 @@ class QueueEstimates:
             if kind == "piggyback" and old_source not in ("none", "down"):
                 ms = self._reported[worker] + w * (ms - self._reported[worker])
             self._reported[worker] = ms
-            self._pending[worker] = 0.0  # the report supersedes what we forwarded before it
+            self._supersede_pending(worker, sent)
             self._source[worker] = kind
             self._reported_at[worker] = now
             self._sent_ns[worker] = sent
             self.blocked[worker] = 0.0
-            self._set(worker, ms, now)
+            self._set(worker, ms + self._pending[worker], now)
             applied += 1
         return applied
+
+    def _supersede_pending(self, worker: int, sent_at_ns: int) -> None:
+        """Drop the forwarded work a report sent at ``sent_at_ns`` already counts."""
+        flight = self._in_flight[worker]
+        while flight and flight[0][0] <= sent_at_ns:
+            flight.popleft()
+        self._pending[worker] = sum(ms for _, ms in flight) if flight else 0.0
 
     def add_pending(self, worker: int, ms: float) -> None:
         """Work this edge just forwarded to ``worker``, counted until its next report."""
         if ms <= 0 or self._source[worker] == "down":
             return
+        self._in_flight[worker].append((self._clock.wall_ns() + self._one_way_ns[worker], ms))
         self._pending[worker] += ms
         self._set(worker, self._reported[worker] + self._pending[worker], self._clock.monotonic())
 
@@ -111,6 +127,7 @@ class QueueEstimates:
         """The worker failed: infinitely busy until a report sent after now arrives."""
         self._source[worker] = "down"
         self._pending[worker] = 0.0
+        self._in_flight[worker].clear()
         self._sent_ns[worker] = max(self._sent_ns[worker], self._clock.wall_ns())
         self.blocked[worker] = _DOWN
         self._set(worker, _DOWN, self._clock.monotonic())

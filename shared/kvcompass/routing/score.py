@@ -20,7 +20,7 @@ comprehension and a pass over the few holders beat numpy's per-call overhead
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import pairwise
+from itertools import compress, pairwise
 
 from kvcompass.index.layout import Tier
 from kvcompass.routing.config import Ablations
@@ -46,6 +46,7 @@ class JointScore:
     ) -> None:
         workers = topology.workers
         self.n_workers = len(workers)
+        self.workers = range(self.n_workers)
         self.origin_region = origin_region
         self.ids = tuple(w.id for w in workers)
         self.regions = tuple(w.region for w in workers)
@@ -87,9 +88,9 @@ class JointScore:
         scores = [c + q + b * full for c, q, b in zip(self.wan, queues, self.beta, strict=True)]
         remote, beta, gamma = self.remote, self.beta, self.gamma
         xregion = self.xregion_reuse
-        for w, m in enumerate(lengths):
-            if m and (xregion or not remote[w]):
-                e = belief[w] * m
+        for w in compress(self.workers, lengths):  # holders only, selected in C
+            if xregion or not remote[w]:
+                e = belief[w] * lengths[w]
                 scores[w] += (gamma * e if tiers[w] == _DRAM else 0.0) - k * beta[w] * e
         return scores
 
