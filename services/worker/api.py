@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,11 +72,13 @@ def build_app(
     *,
     queues: QueueSnapshot,
     piggybacked: Callable[[str], None],
+    deliver: Callable[[], Awaitable[None]],
     health: Health,
     registry: CollectorRegistry,
 ) -> Starlette:
-    """The app serving ``node``; ``queues`` snapshots its region's vector for responses
-    and ``piggybacked(region)`` tells the sender one went to that region's edge."""
+    """The app serving ``node``; ``queues`` snapshots its region's vector for responses,
+    ``piggybacked(region)`` tells the sender one went to that region's edge and
+    ``deliver()`` returns once the events sent so far reached the broker."""
     model = topology.model
     worker = node.worker
     metrics = node.metrics
@@ -173,6 +175,7 @@ def build_app(
 
     async def reset(http: HttpRequest) -> Response:
         node.reset()
+        await deliver()  # "done" means the index will hear of the evicts
         return JSONResponse({"status": "reset", "worker": worker.id})
 
     async def healthz(http: HttpRequest) -> Response:
@@ -226,7 +229,8 @@ def _parse_completion(body: Mapping[str, Any], topology: Topology) -> _Completio
             404, f"model {body.get('model')!r} is not served here (only {model.name!r})",
             "model_not_found",
         )  # fmt: skip
-    max_tokens = _int(body.get("max_tokens", 16), "max_tokens", 1, model.context_tokens)
+    raw_max = body.get("max_tokens")
+    max_tokens = 16 if raw_max is None else _int(raw_max, "max_tokens", 1, model.context_tokens)
     tokens = _tokens(body.get("prompt"), "prompt")
     if len(tokens) + max_tokens > model.context_tokens:
         raise ApiError(

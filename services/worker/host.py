@@ -15,7 +15,6 @@ import contextlib
 import functools
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
@@ -27,12 +26,13 @@ from prometheus_client import CollectorRegistry
 
 from kvcompass.errors import ConfigError
 from kvcompass.levels import plan_levels
+from kvcompass.pipeline.clock import SystemClock
+from kvcompass.routing.queues import QueueReporter
 from kvcompass.services.health import Health
 from kvcompass.services.kafka import BrokerWatch, producer_config
 from kvcompass.services.worker.api import build_app
 from kvcompass.services.worker.metrics import WorkerMetrics
 from kvcompass.services.worker.node import ScaledClock, WorkerNode
-from kvcompass.services.worker.queues import QueueSchedule
 from kvcompass.services.worker.settings import WorkerSettings
 from kvcompass.topology import Topology
 from kvcompass.wire import QueueVector, encode
@@ -78,7 +78,7 @@ class WorkerHost:
         self.clock = ScaledClock(settings.time_scale)
         self.metrics = WorkerMetrics(registry)
         self.nodes: list[WorkerNode] = []
-        self._schedules: dict[str, QueueSchedule] = {}
+        self._reporters: dict[str, QueueReporter] = {}
         self._seq: dict[str, int] = {}
 
     def __enter__(self) -> WorkerHost:
@@ -124,6 +124,9 @@ class WorkerHost:
                     f"{var}={self.settings.worker_port_base}: worker {worker.id} cannot listen "
                     f"on {host}:{port} ({exc.strerror})"
                 ) from None
+            # Accepted sockets inherit it: uvicorn writes a response's head and body
+            # separately, and with Nagle on a keep-alive client's delayed ACK adds 40 ms.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.listen(1024)
             sock.setblocking(False)
             self._sockets.append(sock)
@@ -132,7 +135,6 @@ class WorkerHost:
         plan = plan_levels(self.topology)
         policy = EvictionPolicy(self.settings.eviction_policy)
         regions = [r.name for r in self.topology.regions]
-        now = time.monotonic()  # the schedules run on real time, like the edges' reads
         for worker, _ in self.hosted:
             self.nodes.append(
                 WorkerNode(
@@ -146,13 +148,10 @@ class WorkerHost:
                     metrics=self.metrics,
                 )
             )
-            if worker.region not in self._schedules:
-                self._schedules[worker.region] = QueueSchedule(
-                    worker.region,
-                    regions,
-                    self.settings.queue_local_period_s,
-                    self.settings.queue_broadcast_period_s,
-                    now,
+            if worker.region not in self._reporters:
+                # Real time, like the edges that read the vectors.
+                self._reporters[worker.region] = QueueReporter(
+                    worker.region, regions, SystemClock(), self.settings.queue_broadcast_period_s
                 )
                 self._seq[worker.region] = 0
 
@@ -170,6 +169,7 @@ class WorkerHost:
                         self.topology,
                         queues=functools.partial(self._vector_json, node.worker.region),
                         piggybacked=functools.partial(self._piggybacked, node.worker.region),
+                        deliver=self._deliver,
                         health=self.health,
                         registry=self.registry,
                     ),
@@ -220,12 +220,12 @@ class WorkerHost:
             await asyncio.sleep(_POLL_S)
 
     async def _send_queues(self) -> None:
-        """Each region's vector every local period; the schedules pick the destinations."""
+        """Each region's vector every local period; the routing core's QueueReporter
+        picks the destinations (own region always, others every Δ unless piggybacked)."""
         producer = self._opened()
         while True:
-            now = time.monotonic()
-            for region, schedule in self._schedules.items():
-                to = schedule.destinations(now)
+            for region, reporter in self._reporters.items():
+                to = reporter.destinations()
                 vector = self._vector(region, to)
                 producer.produce(self.settings.topic_queues, encode(vector), partition=0)
                 self.metrics.queue_vectors.labels(region).inc()
@@ -252,12 +252,20 @@ class WorkerHost:
         }
 
     def _piggybacked(self, region: str, origin: str) -> None:
-        self._schedules[region].piggybacked(origin, time.monotonic())
+        self._reporters[region].note_piggyback(origin)
 
     # -- events ------------------------------------------------------------------------
 
     def _send_events(self, shard: int, data: bytes) -> None:
         self._opened().produce(self.settings.topic_events, data, partition=shard)
+
+    async def _deliver(self) -> None:
+        """Wait (off the loop) until the producer delivered what it holds."""
+        producer = self._opened()
+        timeout = min(5.0, self.settings.drain_timeout_s)
+        remaining = await asyncio.to_thread(producer.flush, timeout)
+        if remaining:
+            self.log.warning("events_undelivered", batches=remaining)
 
     def _opened(self) -> Producer:
         if self._producer is None:

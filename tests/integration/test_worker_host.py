@@ -204,6 +204,15 @@ def test_a_completion_reports_its_reuse_and_publishes_its_prefixes(
 
         sent = poll_until(vector, 10.0, "a queue vector of region eu")
         assert {w for w, _ in sent.queues} == {8, 9}
+        assert sent.addressed_to("eu")
+
+        def broadcast() -> QueueVector | None:  # every Δ the other regions get one too
+            return next(
+                (v for _, v in queues.read() if isinstance(v, QueueVector) and "asia" in v.to),
+                None,
+            )
+
+        assert poll_until(broadcast, 10.0, "a vector of region eu addressed to asia").region == "eu"
 
         # Reset evicts everything it held, and says so on kvc.events.
         status, _ = post(host.url("eu-0", "/admin/reset"), {})
@@ -247,3 +256,47 @@ def test_bad_requests_get_openai_errors_and_sigterm_stops_cleanly(host: Host) ->
     assert set(body["error"]) == {"message", "type", "code"}
     host.proc.send_signal(signal.SIGTERM)
     assert host.proc.wait(timeout=30) == 0
+
+
+def test_sigterm_lets_a_stream_in_flight_finish(host: Host) -> None:
+    # 2,000 decode steps of 9 ms at time scale 0.05: about a second of real time.
+    body = {"model": MODEL, "prompt": [3] * 40, "max_tokens": 2000, "stream": True}
+    request = urllib.request.Request(
+        host.url("eu-0", "/v1/completions"), json.dumps(body).encode(),
+        {"content-type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        assert reply.readline().startswith(b"data: {")  # streaming has begun
+        host.proc.send_signal(signal.SIGTERM)
+        rest = reply.read().decode()
+    chunks = [e for e in rest.split("\n\n") if e]
+    assert chunks[-1] == "data: [DONE]"
+    assert json.loads(chunks[-2].removeprefix("data: "))["usage"]["completion_tokens"] == 2000
+    assert host.proc.wait(timeout=30) == 0
+
+
+def test_a_migration_lands_in_dram_and_is_published(host: Host, infra: RunningInfra) -> None:
+    events = Topic(infra, "kvc.events")
+    namespace = Namespace(MODEL, f"tenant-{uuid.uuid4().hex[:8]}")
+    prompt = list(range(50_000, 50_512))
+    try:
+        body = {"prompt": prompt, "namespace": namespace.group, "mode": "copy", "source": "eu-0"}
+        status, accepted = post(host.url("eu-1", "/v1/migrate"), body)
+        assert (status, accepted["status"]) == (202, "accepted")
+        lengths = [c for c in plan_levels(TOPOLOGY).registration_lengths["eu"] if c <= 512]
+        expected = set(prefix_keys(np.array(prompt, dtype=np.uint32), lengths, namespace).items())
+
+        def admitted() -> dict[tuple[int, int], tuple[Tier, int]] | None:
+            found = pairs_from(events.read(), "eu-1", EventKind.ADMIT)
+            return found if expected <= set(found) else None
+
+        found = poll_until(admitted, 10.0, "the migrated prefix's admits")
+        assert {found[pair][0] for pair in expected} == {Tier.DRAM}
+        completion = {"model": MODEL, "prompt": prompt, "max_tokens": 1,
+                      "kvc": {"namespace": namespace.group}}  # fmt: skip
+        _, reply = post(host.url("eu-1", "/v1/completions"), completion)
+        assert (reply["kvc"]["reused_tokens"], reply["kvc"]["reused_tier"]) == (512, "dram")
+        gamma = TOPOLOGY.gamma_ms_per_token
+        assert reply["kvc"]["timings_ms"]["reload"] == pytest.approx(gamma * 512, abs=1e-3)
+    finally:
+        events.close()

@@ -206,6 +206,7 @@ def _held(
         stack = [] if root is None else [(root, ())]
         while stack:
             node, path = stack.pop()
+            assert node.vram_children == sum(c.tier is Tier.VRAM for c in node.children.values())
             for child in node.children.values():
                 if node.parent is not None and node.tier is Tier.DRAM:
                     assert child.tier is Tier.DRAM  # a DRAM block's children are DRAM

@@ -1,5 +1,5 @@
-"""The worker service's pure parts: which workers and ports, the queue-vector schedule,
-and how request bodies are checked."""
+"""The worker service's pure parts: which workers and ports, and how request bodies are
+checked."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from kvcompass.services.worker.api import ApiError, _parse_completion, _parse_migration
-from kvcompass.services.worker.queues import QueueSchedule
 from kvcompass.services.worker.settings import WorkerSettings
 from kvcompass.settings import SettingsError
 from kvcompass.topology import load_builtin
@@ -57,22 +56,6 @@ def test_settings_refuse_a_bad_time_scale_or_port_list() -> None:
         WorkerSettings(worker_ports="us-0:7000")
 
 
-def test_queue_vectors_go_to_the_own_region_and_to_others_every_period() -> None:
-    schedule = QueueSchedule("us", ["us", "eu", "asia"], 0.02, 0.1, now=0.0)
-    assert schedule.destinations(0.0) == ("us", "eu", "asia")
-    assert schedule.destinations(0.02) == ("us",)
-    assert schedule.destinations(0.08) == ("us",)
-    assert schedule.destinations(0.1) == ("us", "eu", "asia")
-
-
-def test_a_region_that_got_a_piggybacked_vector_within_the_period_is_skipped() -> None:
-    schedule = QueueSchedule("us", ["us", "eu", "asia"], 0.02, 0.1, now=0.0)
-    schedule.destinations(0.0)
-    schedule.piggybacked("eu", 0.05)
-    assert schedule.destinations(0.1) == ("us", "asia")
-    assert schedule.destinations(0.2) == ("us", "eu", "asia")  # 0.15 s ago: stale
-
-
 def completion(**body: Any) -> dict[str, Any]:
     return {"model": "llama-3.1-8b", "prompt": [1, 2, 3], **body}
 
@@ -86,7 +69,9 @@ def test_a_completion_body_becomes_a_request_in_its_tenant_namespace() -> None:
     assert parsed.request.tokens.tolist() == [1, 2, 3]
     assert parsed.request.max_tokens == 4
     assert parsed.claimed_tokens == 2
-    assert _parse_completion(completion(), TOPOLOGY).request.namespace.group == "default"
+    default = _parse_completion(completion(max_tokens=None), TOPOLOGY).request
+    assert default.namespace.group == "default"
+    assert default.max_tokens == 16
 
 
 @pytest.mark.parametrize(

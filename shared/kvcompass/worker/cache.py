@@ -91,6 +91,7 @@ class _Block:
         "tier",
         "uses",
         "version",
+        "vram_children",
     )
 
     def __init__(
@@ -106,9 +107,22 @@ class _Block:
         self.uses = 0
         self.pin = 0  # the operation that pinned it
         self.version = 0  # bumped whenever its eviction order or tier changes
+        self.vram_children = 0  # kept by set_tier / attach / detach
 
-    def has_vram_child(self) -> bool:
-        return any(c.tier is Tier.VRAM for c in self.children.values())
+    def set_tier(self, tier: Tier) -> None:
+        if self.parent is not None and tier is not self.tier:
+            self.parent.vram_children += 1 if tier is Tier.VRAM else -1
+        self.tier = tier
+
+    def attach(self) -> None:
+        assert self.parent is not None
+        self.parent.children[self.data] = self
+        self.parent.vram_children += self.tier is Tier.VRAM
+
+    def detach(self) -> None:
+        assert self.parent is not None
+        del self.parent.children[self.data]
+        self.parent.vram_children -= self.tier is Tier.VRAM
 
     def path_data(self) -> bytes:
         parts = []
@@ -247,7 +261,7 @@ class PrefixCache:
                 node = _Block(namespace, parent, block, tier, tick)
                 node.pin = self._op
                 node.uses = 1
-                parent.children[block] = node
+                node.attach()
                 self.used[tier] += 1
                 self._offer(node)
                 admitted.append(node)
@@ -270,10 +284,10 @@ class PrefixCache:
 
     def _promote(self, node: _Block) -> bool:
         # Its DRAM slot is freed first, so a demotion made to fit it can take that slot.
-        node.tier = Tier.VRAM
+        node.set_tier(Tier.VRAM)
         self.used[Tier.DRAM] -= 1
         if not self._make_room(Tier.VRAM):
-            node.tier = Tier.DRAM
+            node.set_tier(Tier.DRAM)
             self.used[Tier.DRAM] += 1
             return False
         self.used[Tier.VRAM] += 1
@@ -294,10 +308,10 @@ class PrefixCache:
         return True
 
     def _demote(self, node: _Block) -> bool:
-        node.tier = Tier.DRAM  # before making room, so it is not its own victim
+        node.set_tier(Tier.DRAM)  # before making room, so it is not its own victim
         self.used[Tier.VRAM] -= 1
         if not self._make_room(Tier.DRAM):
-            node.tier = Tier.VRAM
+            node.set_tier(Tier.VRAM)
             self.used[Tier.VRAM] += 1
             self._offer(node)
             return False
@@ -313,7 +327,7 @@ class PrefixCache:
         parent = node.parent
         assert parent is not None, "the root is never removed"
         assert not node.children, "only leaves leave the cache"
-        del parent.children[node.data]
+        node.detach()
         self.used[node.tier] -= 1
         node.version += 1
         node.parent = None  # marks it gone for the heaps
@@ -326,7 +340,7 @@ class PrefixCache:
     def _candidate(self, node: _Block, tier: Tier) -> bool:
         if node.parent is None or node.tier is not tier:
             return False
-        return not node.children if tier is Tier.DRAM else not node.has_vram_child()
+        return not node.children if tier is Tier.DRAM else not node.vram_children
 
     def _order(self, node: _Block) -> tuple[int, ...]:
         if self.policy is EvictionPolicy.LRU:
