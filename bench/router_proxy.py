@@ -1,6 +1,7 @@
 """Benchmark of the edge router's proxy path: what it adds over calling a worker directly.
 
 Usage: python bench/router_proxy.py [--quick] [--policy NAME] [--max-processes N]
+       (or ``measure(...)`` from another benchmark)
 
 Prints one JSON object:
 
@@ -171,6 +172,45 @@ async def _rate(url: str, concurrency: int, seconds: float) -> float:
         return done / (time.perf_counter() - start)
 
 
+def measure(
+    quick: bool = False, policy: str = "kvcompass", max_processes: int = 3, concurrency: int = 32
+) -> dict[str, Any]:
+    """The benchmark's JSON object (bench/routing.py can merge it into its own)."""
+    n, seconds = (300, 2.0) if quick else (1500, 5.0)
+    stub_port = _free_port()
+    upstream = f"http://127.0.0.1:{stub_port}"
+    rates: dict[int, float] = {}
+    lat: dict[str, float] = {}
+    with ExitStack() as stack:
+        _spawn(stack, "--serve-stub", str(stub_port))
+        _wait_up(upstream + "/v1/completions", DIRECT_BODY)
+        port = _free_port()
+        routed = f"http://127.0.0.1:{port}/v1/completions"
+        for k in range(1, max_processes + 1):
+            _spawn(stack, "--serve-router", str(port), upstream, policy)
+            _wait_up(routed, BODY)
+            if k == 1:
+                lat = latencies(upstream + "/v1/completions", routed, n)
+            time.sleep(1.0)  # every process listening before the load starts
+            rates[k] = asyncio.run(_rate(routed, concurrency, seconds))
+    saturating = next(
+        (k for k in sorted(rates) if k + 1 in rates and rates[k + 1] < 1.05 * rates[k]),
+        max(rates),
+    )
+    return {
+        **{k: round(v, 3) for k, v in lat.items()},
+        "router_requests_per_s": round(rates[1], 1),
+        "requests_per_s_by_processes": {str(k): round(v, 1) for k, v in rates.items()},
+        "saturating_processes": saturating,
+        "policy": policy,
+        "prompt_tokens": len(PROMPT),
+        "requests_per_path": n,
+        "concurrency": concurrency,
+        "cpus": os.cpu_count(),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests, shorter runs")
@@ -178,39 +218,7 @@ def main() -> None:
     parser.add_argument("--max-processes", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=32)
     args = parser.parse_args()
-    n, seconds = (300, 2.0) if args.quick else (1500, 5.0)
-
-    stub_port = _free_port()
-    upstream = f"http://127.0.0.1:{stub_port}"
-    rates: dict[int, float] = {}
-    with ExitStack() as stack:
-        _spawn(stack, "--serve-stub", str(stub_port))
-        _wait_up(upstream + "/v1/completions", DIRECT_BODY)
-        port = _free_port()
-        routed = f"http://127.0.0.1:{port}/v1/completions"
-        for k in range(1, args.max_processes + 1):
-            _spawn(stack, "--serve-router", str(port), upstream, args.policy)
-            _wait_up(routed, BODY)
-            if k == 1:
-                lat = latencies(upstream + "/v1/completions", routed, n)
-            time.sleep(1.0)  # every process listening before the load starts
-            rates[k] = asyncio.run(_rate(routed, args.concurrency, seconds))
-    saturating = next(
-        (k for k in sorted(rates) if k + 1 in rates and rates[k + 1] < 1.05 * rates[k]),
-        max(rates),
-    )
-    result: dict[str, Any] = {
-        **{k: round(v, 3) for k, v in lat.items()},
-        "router_requests_per_s": round(rates[1], 1),
-        "requests_per_s_by_processes": {str(k): round(v, 1) for k, v in rates.items()},
-        "saturating_processes": saturating,
-        "policy": args.policy,
-        "prompt_tokens": len(PROMPT),
-        "requests_per_path": n,
-        "concurrency": args.concurrency,
-        "cpus": os.cpu_count(),
-        "loadavg_1m": round(os.getloadavg()[0], 2),
-    }
+    result = measure(args.quick, args.policy, args.max_processes, args.concurrency)
     print(json.dumps(result, indent=1))
 
 

@@ -120,6 +120,8 @@ def _checked_ids(prompt: list[Any]) -> NDArray[np.uint32]:
         ids = np.asarray(prompt)
         if ids.dtype == np.int64 and ids.min() >= 0 and ids.max() < _U32:
             return ids.astype(np.uint32)
+    if any(isinstance(p, str | list) for p in prompt):
+        raise _bad("batched prompts are not supported: send one per request", "prompt")
     for i, t in enumerate(prompt):  # find the culprit for the message
         if not isinstance(t, int) or isinstance(t, bool):
             raise _bad(f"prompt[{i}] is {type(t).__name__}, not a token id", "prompt")
@@ -153,8 +155,6 @@ def parse_completion(
     if isinstance(prompt, str):
         tokens = np.asarray(tokenizer.encode(prompt), dtype=np.uint32)
     elif isinstance(prompt, list):
-        if any(isinstance(p, str | list) for p in prompt):
-            raise _bad("batched prompts are not supported: send one per request", "prompt")
         tokens = _checked_ids(prompt)
     else:
         raise _bad("'prompt' is required: a string or a list of token ids", "prompt")
