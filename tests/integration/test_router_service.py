@@ -107,8 +107,20 @@ def test_the_router_process_forwards_claims_and_reuses_across_the_real_pipeline(
     assert all(c["matched_tokens"] == 0 for c in other["candidates"])
     assert post("/v1/completions", key="nope").status_code == 401
 
+    # A stream from the emulated worker, through the router: one event per token.
+    streamed = httpx.post(
+        url + "/v1/completions",
+        json={**body, "max_tokens": 3, "stream": True},
+        headers={"authorization": "Bearer ka"},
+        timeout=30,
+    )
+    events = [line for line in streamed.text.splitlines() if line.startswith("data: ")]
+    assert len(events) == 4, streamed.text
+    assert events[-1] == "data: [DONE]"
+    assert '"kvc"' in events[-2]
+
     metrics = httpx.get(url + "/metrics").text
-    assert 'kvc_router_requests_total{endpoint="completions",status="200"} 2.0' in metrics
+    assert 'kvc_router_requests_total{endpoint="completions",status="200"} 3.0' in metrics
     assert cluster.stop(router) == 0
 
 
