@@ -10,8 +10,9 @@ Prints one JSON object:
   output token) one at a time on keep-alive connections; direct and routed requests
   alternate so both see the same machine load.
 - ``router_requests_per_s``: requests/s of one router process under ``--concurrency``
-  concurrent clients; ``requests_per_s_by_processes`` the same for 1..N processes on one
-  port (SO_REUSEPORT), and ``saturating_processes`` the first count after which another
+  concurrent clients (``direct_requests_per_s``: the stub alone, for scale);
+  ``requests_per_s_by_processes`` the same for 1..N processes on one port
+  (SO_REUSEPORT), and ``saturating_processes`` the first count after which another
   process adds less than 5 %.
 
 The worker is the router's stub (``kvcompass.services.router.testing.StubWorker``,
@@ -34,6 +35,7 @@ import sys
 import threading
 import time
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -124,6 +126,22 @@ def _wait_up(url: str, body: bytes) -> None:
     raise RuntimeError(f"{url} did not answer")
 
 
+def _wait_listening(port: int, n: int) -> None:
+    """Until ``n`` sockets listen on ``port`` (/proc/net/tcp, state 0A)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+        found = sum(
+            1
+            for line in lines
+            if int(line.split()[1].split(":")[1], 16) == port and line.split()[3] == "0A"
+        )
+        if found >= n:
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"{n} processes did not listen on {port}")
+
+
 # -- measurements ------------------------------------------------------------------------
 
 
@@ -154,7 +172,7 @@ def latencies(direct: str, routed: str, n: int) -> dict[str, float]:
     }
 
 
-async def _rate(url: str, concurrency: int, seconds: float) -> float:
+async def _rate(url: str, concurrency: int, seconds: float, body: bytes = BODY) -> float:
     done = 0
     connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -163,7 +181,7 @@ async def _rate(url: str, concurrency: int, seconds: float) -> float:
         async def client() -> None:
             nonlocal done
             while time.perf_counter() < end:
-                async with session.post(url, data=BODY) as resp:
+                async with session.post(url, data=body) as resp:
                     await resp.read()
                     done += resp.status == 200
 
@@ -186,12 +204,15 @@ def measure(
         _wait_up(upstream + "/v1/completions", DIRECT_BODY)
         port = _free_port()
         routed = f"http://127.0.0.1:{port}/v1/completions"
+        direct_rate = asyncio.run(
+            _rate(upstream + "/v1/completions", concurrency, seconds, DIRECT_BODY)
+        )
         for k in range(1, max_processes + 1):
             _spawn(stack, "--serve-router", str(port), upstream, policy)
+            _wait_listening(port, k)  # the new process serves too, not only the old ones
             _wait_up(routed, BODY)
             if k == 1:
                 lat = latencies(upstream + "/v1/completions", routed, n)
-            time.sleep(1.0)  # every process listening before the load starts
             rates[k] = asyncio.run(_rate(routed, concurrency, seconds))
     saturating = next(
         (k for k in sorted(rates) if k + 1 in rates and rates[k + 1] < 1.05 * rates[k]),
@@ -200,6 +221,7 @@ def measure(
     return {
         **{k: round(v, 3) for k, v in lat.items()},
         "router_requests_per_s": round(rates[1], 1),
+        "direct_requests_per_s": round(direct_rate, 1),
         "requests_per_s_by_processes": {str(k): round(v, 1) for k, v in rates.items()},
         "saturating_processes": saturating,
         "policy": policy,
