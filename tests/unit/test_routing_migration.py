@@ -85,12 +85,22 @@ def test_no_migration_without_any_holder_or_with_a_remote_match_below_n1() -> No
 
 def test_local_holders_losing_to_load_copy_within_the_region() -> None:
     p, reader, clock = setup()
-    reader.hold(A1, 512)
-    p.on_queues(queues("a", 1, w1=5000.0))  # the holder is swamped
+    reader.hold(A0, 512)
+    p.on_queues(queues("a", 1, w0=5000.0))  # the holder is swamped
     clock.advance(1.0)
     decisions = [p.decide(request(sibling(i))) for i in range(3)]
-    assert [d.worker for d in decisions] == [A0] * 3  # a-1 keeps losing
-    assert decisions[2].migration == MigrationOrder(512, A0, A1, "copy")
+    # b-0 recomputes (300 ms); a-0 would win with an empty queue (149.8 ms).
+    assert [d.worker for d in decisions] == [B0] * 3
+    assert decisions[2].migration == MigrationOrder(512, A1, A0, "copy")
+
+
+def test_a_local_holder_losing_on_merit_orders_no_copy() -> None:
+    p, reader, clock = setup()
+    reader.hold(A1, 512)  # idle, but slow: 1 + 0.2·1488 = 298.6 ms against a-0's 201
+    clock.advance(1.0)
+    decisions = [p.decide(request(sibling(i))) for i in range(4)]
+    assert [d.worker for d in decisions] == [A0] * 4
+    assert all(d.migration is None for d in decisions)
 
 
 def test_a_local_hit_is_not_a_miss() -> None:
@@ -132,6 +142,15 @@ def test_prompt_shorter_than_the_first_chunk_has_no_family() -> None:
     reader.hold(B0, 1008)
     clock.advance(1.0)
     assert all(p.decide(request(tokens(100))).migration is None for _ in range(5))
+
+
+def test_explaining_is_a_dry_run() -> None:
+    p, reader, clock = setup()
+    reader.hold(B0, 1008)
+    clock.advance(1.0)
+    assert all(p.decide(request(sibling(i)), explain=True).migration is None for i in range(5))
+    assert len(p.hot) == 0
+    assert p.queues.values == [0.0] * 4
 
 
 def test_no_migration_ablation_never_orders() -> None:

@@ -115,8 +115,10 @@ class KVCompassPolicy:
         else:
             reason = "recompute"
         migration = None
-        if self._migrate and indexed:
-            migration = self._consider_migration(query.per_region, prompt, lengths, best)
+        if self._migrate and indexed and not explain:  # explaining is a dry run
+            migration = self._consider_migration(
+                query.per_region, prompt, lengths, best, scores, queues
+            )
         return Decision(  # positional: measurably faster on this path
             best,
             score.ids[best],
@@ -135,6 +137,8 @@ class KVCompassPolicy:
         prompt: int,
         lengths: Sequence[int],
         best: int,
+        scores: Sequence[float],
+        queues: Sequence[float],
     ) -> MigrationOrder | None:
         """Count a local miss for the request's family; order a replica once it is hot."""
         if best in self._local and lengths[best]:
@@ -145,7 +149,13 @@ class KVCompassPolicy:
         family = own[0][1]
         if not self.hot.miss(family, self._clock.monotonic()):
             return None
-        order = self.migrations.plan(prompt, lengths, self.queues.idle_for_s)
+        best_score = scores[best]
+        order = self.migrations.plan(
+            prompt,
+            lengths,
+            self.queues.idle_for_s,
+            lambda w: scores[w] - queues[w] <= best_score,
+        )
         if order is not None:
             self.hot.reset(family)
             # The target is busy loading it now (recompute: a prefill; copy: a transfer

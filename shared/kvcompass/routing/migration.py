@@ -54,19 +54,19 @@ class HotPrefixTracker:
         self._misses: OrderedDict[int, deque[float]] = OrderedDict()
 
     def miss(self, family: int, now: float) -> bool:
-        """Count a local miss at ``now``; True when the family is hot (≥ H in the window)."""
+        """Count a local miss at ``now``; True when the family is hot (≥ H in the window).
+
+        Only the last H miss times matter, so each family keeps at most H.
+        """
         times = self._misses.get(family)
         if times is None:
-            times = self._misses[family] = deque()
+            times = self._misses[family] = deque(maxlen=self.hot_misses)
             if len(self._misses) > self.max_families:
                 self._misses.popitem(last=False)  # the family missed least recently
         else:
             self._misses.move_to_end(family)
         times.append(now)
-        horizon = now - self.window_s
-        while times[0] <= horizon:
-            times.popleft()
-        return len(times) >= self.hot_misses
+        return len(times) == self.hot_misses and times[0] > now - self.window_s
 
     def reset(self, family: int) -> None:
         """A migration was ordered: the family must turn hot again to order another."""
@@ -97,15 +97,19 @@ class MigrationPlanner:
         prompt_tokens: int,
         lengths: Sequence[int],
         idle_for: Callable[[int], float],
+        lost_to_load: Callable[[int], bool],
     ) -> MigrationOrder | None:
         """An order for a hot family's triggering request, or None (no trigger or no target).
 
         ``lengths[w]``: worker ``w``'s match (0: none); ``idle_for(w)``: how long its
-        queue estimate has been 0 (asked only of local workers, once a trigger holds).
+        queue estimate has been 0 (asked only of local workers, once a trigger holds);
+        ``lost_to_load(w)``: the local holder ``w`` lost this request's score only by its
+        queue (the caller counts only requests no local holder won).
         """
         local_holders = [w for w in self.local if lengths[w]]
         if local_holders:
-            # Every local holder lost the score (the caller counts only such misses).
+            if not all(lost_to_load(w) for w in local_holders):
+                return None  # a holder lost on merit (slower, shorter match): no copy helps
             holder = max(local_holders, key=lambda w: (lengths[w], -w))
             source: int | None = holder
             prefix = lengths[holder]

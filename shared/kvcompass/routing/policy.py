@@ -150,7 +150,8 @@ class RoutingPolicy(Protocol):
     name: str
 
     def decide(self, request: RouteRequest, explain: bool = False) -> Decision:
-        """Choose a worker. ``explain``: rank every worker in ``candidates`` (slower)."""
+        """Choose a worker. ``explain``: rank every worker in ``candidates`` (slower), as a
+        dry run that changes no state (no miss counted, no migration ordered)."""
         ...
 
     def observe(self, feedback: Feedback) -> None:
