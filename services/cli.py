@@ -1,11 +1,14 @@
 """The ``kvcompass`` command line (it sits above the core, the services and loadgen).
 
-Usage: kvcompass index-demo [--topology NAME] [--entries N] [--fingerprint-bits B]
+Usage: kvcompass demo [--seconds S] [--rate R] [--seed N] [--out DIR]   (--help)
+       kvcompass index-demo [--topology NAME] [--entries N] [--fingerprint-bits B]
        kvcompass infra up|status|down [--json]
        kvcompass mu [--help]     (a maintenance unit; settings from KVC_* variables)
        kvcompass edge [--help]   (an edge replayer; settings from KVC_* variables)
        kvcompass router [--help] (an edge router; settings from KVC_* variables)
        kvcompass worker [--help] (emulated GPU workers; settings from KVC_* variables)
+       kvcompass wanproxy [--help]   (the WAN delay proxy; settings from KVC_* variables)
+       kvcompass loadgen [options]   (replay a workload against the edge routers; --help)
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--seed", type=int, default=7)
     # Parsed by the commands themselves (see main); listed here for --help.
+    sub.add_parser(
+        "demo",
+        help="start a whole deployment here and compare KVCompass with local-only routing",
+    )
     sub.add_parser("infra", help="start, inspect or stop the local Kafka broker and Redis")
     sub.add_parser("mu", help="run a maintenance unit (kvcompass mu --help: its settings)")
     sub.add_parser("edge", help="run an edge replayer (kvcompass edge --help: its settings)")
@@ -46,12 +53,22 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "worker", help="run emulated GPU workers (kvcompass worker --help: its settings)"
     )
+    sub.add_parser(
+        "wanproxy", help="run the WAN delay proxy (kvcompass wanproxy --help: its settings)"
+    )
+    sub.add_parser(
+        "loadgen", help="replay a workload against the edge routers (kvcompass loadgen --help)"
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # Each command imports its own clients only when it runs.
+    if argv[:1] == ["demo"]:
+        from kvcompass.loadgen.demo import main as demo_main
+
+        return demo_main(argv[1:])
     if argv[:1] == ["infra"]:
         from kvcompass.services.infra.commands import main as infra_main
 
@@ -61,6 +78,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kvcompass.services.runtime import run_service
 
         return run_service(MU, argv[1:])
+    if argv[:1] == ["wanproxy"]:
+        from kvcompass.services.wanproxy.__main__ import main as wanproxy_main
+
+        return wanproxy_main(argv[1:])
+    if argv[:1] == ["loadgen"]:
+        from kvcompass.loadgen.cli import main as loadgen_main
+
+        return loadgen_main(argv[1:])
     if argv[:1] == ["edge"]:
         from kvcompass.services.edge.__main__ import SPEC as EDGE
         from kvcompass.services.runtime import run_service

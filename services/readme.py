@@ -12,6 +12,7 @@ from pathlib import Path
 from kvcompass.services.edge.settings import EdgeSettings
 from kvcompass.services.maintenance.settings import MaintenanceSettings
 from kvcompass.services.router.settings import RouterSettings
+from kvcompass.services.wanproxy.settings import WanProxySettings
 from kvcompass.services.worker.settings import WorkerSettings
 from kvcompass.settings import EnvSettings
 
@@ -39,6 +40,7 @@ def main() -> None:
         ("edge/README.md", EdgeSettings),
         ("worker/README.md", WorkerSettings),
         ("router/README.md", RouterSettings),
+        ("wanproxy/README.md", WanProxySettings),
     ):
         path = services / readme
         text = path.read_text()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from kvcompass.services.router.policy import Candidate, Decision
@@ -10,14 +11,20 @@ from kvcompass.topology import Topology
 __all__ = ["decision_json"]
 
 
+def _ms(value: float) -> float | None:
+    """JSON has no infinity: a worker marked down (infinite queue) reads as null."""
+    return value if math.isfinite(value) else None
+
+
 def _candidate(c: Candidate) -> dict[str, Any]:
     return {
         "worker": c.worker_id,
         "index": c.worker,
         "region": c.region,
-        "score_ms": c.score,
+        "down": not math.isfinite(c.queue_ms),
+        "score_ms": _ms(c.score),
         "wan_ms": c.wan_ms,
-        "queue_ms": c.queue_ms,
+        "queue_ms": _ms(c.queue_ms),
         "prefill_ms": c.prefill_ms,
         "reload_ms": c.reload_ms,
         "matched_tokens": c.matched_tokens,
@@ -47,7 +54,7 @@ def decision_json(
         "region": decision.region,
         "reason": decision.reason,
         "claimed_tokens": decision.claimed_tokens,
-        "lambda": decision.lam,
+        "lambda": _ms(decision.lam),
         "decide_us": decide_us,
         "fallbacks": [topology.workers[i].id for i in decision.fallbacks],
         "migration": None

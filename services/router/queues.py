@@ -2,10 +2,13 @@
 when addressed to its region and fresh.
 
 The embedded broker (Tansu) can neither seek by time (``offsets_for_times`` answers 0)
-nor report a correct end offset when batches hold several records, so the consumer reads
-every partition from the start, without a group, and skips vectors older than
-``max_age_s`` by their ``sent_at_ns``: a long topic replays in a few fetches and nothing
-stale reaches the policy. A thread of its own runs the librdkafka client; each vector is
+nor report a correct end offset when batches hold several records (its high watermark
+then falls short of the end, never beyond it). So the consumer starts, without a group,
+``_TAIL`` records before the reported watermark, which is at or before the real end, and
+skips vectors older than ``max_age_s`` by their ``sent_at_ns``: nothing fresh is missed,
+nothing stale reaches the policy, and a router started after hours of broadcasts does not
+replay them all (on Tansu every fetch lists all stored batches, so a full replay of a
+long topic takes minutes). A thread of its own runs the librdkafka client; each vector is
 handed to the event loop, the only place that touches the policy.
 """
 
@@ -28,6 +31,7 @@ from kvcompass.wire import QueueVector, WireError, decode
 __all__ = ["QueueConsumer", "region_queues"]
 
 _POLL_S = 0.2  # how often the thread looks at its stop flag when the topic is quiet
+_TAIL = 2_000  # records read before the reported end at start (≥ 1 s of every region's)
 
 
 def region_queues(vector: QueueVector) -> RegionQueues:
@@ -78,10 +82,25 @@ class QueueConsumer:
     def start(self) -> None:
         metadata = self._consumer.list_topics(self._topic, timeout=10)
         partitions = sorted(metadata.topics[self._topic].partitions)
-        self._consumer.assign(
-            [TopicPartition(self._topic, p, OFFSET_BEGINNING) for p in partitions]
-        )
-        self._pending_eof = set(partitions)
+        starts = []
+        # Caught up once every partition is read up to the watermark seen now, or has
+        # reported its end: under steady broadcasts a fetch always finds data, so an
+        # end-of-partition event alone might never come.
+        self._caught_up_at: dict[int, int] = {}
+        for p in partitions:
+            low, high = self._consumer.get_watermark_offsets(
+                TopicPartition(self._topic, p), timeout=10
+            )
+            offset = max(low, high - _TAIL)
+            starts.append(
+                TopicPartition(self._topic, p, offset if offset > 0 else OFFSET_BEGINNING)
+            )
+            if high > low:
+                self._caught_up_at[p] = high - 1
+        self._consumer.assign(starts)
+        self._pending_eof = set(self._caught_up_at)
+        if not self._pending_eof:
+            self._health.set("queues", True)
         self._thread.start()
 
     def close(self) -> None:
@@ -97,12 +116,22 @@ class QueueConsumer:
                 if error is None:
                     self._watch.ok()
                     self._record(message.value())
+                    partition = message.partition()
+                    if (
+                        partition in self._pending_eof
+                        and (message.offset() or 0) >= (self._caught_up_at[partition])
+                    ):
+                        self._caught_up(partition)
                 elif error.code() == KafkaError._PARTITION_EOF:
-                    self._pending_eof.discard(message.partition())
-                    if not self._pending_eof:
-                        self._health.set("queues", True)  # caught up once: ready
+                    self._caught_up(message.partition())
                 else:
                     self._log.warning("queues_error", error=error.str())
+
+    def _caught_up(self, partition: int | None) -> None:
+        if self._pending_eof:
+            self._pending_eof.discard(partition or 0)
+            if not self._pending_eof:
+                self._health.set("queues", True)  # caught up once: ready
 
     def _record(self, value: bytes | None) -> None:
         try:

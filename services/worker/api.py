@@ -174,9 +174,20 @@ def build_app(
         return JSONResponse({"status": "accepted", "worker": worker.id}, status_code=202)
 
     async def reset(http: HttpRequest) -> Response:
-        node.reset()
+        # {"publish_evictions": false} loses the evictions (fault injection: the index
+        # keeps claiming this worker's old prefixes); the default publishes them.
+        raw = await http.body()
+        try:
+            options = json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            return ApiError(400, "the body must be JSON", "invalid_json").response()
+        publish = options.get("publish_evictions", True) if isinstance(options, dict) else None
+        if not isinstance(publish, bool):
+            message = "publish_evictions must be true or false"
+            return ApiError(400, message, "invalid_reset").response()
+        node.reset(publish_evictions=publish)
         await deliver()  # "done" means the index will hear of the evicts
-        return JSONResponse({"status": "reset", "worker": worker.id})
+        return JSONResponse({"status": "reset", "worker": worker.id, "published": publish})
 
     async def healthz(http: HttpRequest) -> Response:
         return JSONResponse({"service": "worker", "worker": worker.id})

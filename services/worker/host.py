@@ -72,6 +72,7 @@ class WorkerHost:
         self.log = structlog.get_logger("kvcompass.worker")
         self.hosted = settings.hosted(topology)
         self._bootstrap = kafka_bootstrap
+        del redis_url  # workers keep nothing in Redis (the shell still checks it at start)
         self._watch = BrokerWatch(health)
         self._producer: Producer | None = None
         self._sockets: list[socket.socket] = []

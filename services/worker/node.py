@@ -116,13 +116,20 @@ class WorkerNode:
         self.metrics.migrations.labels(self.worker.id, mode.value).inc()
         self._wake.set()
 
-    def reset(self) -> None:
-        """Drop all work and evict everything (the evicts are buffered for the driver)."""
+    def reset(self, *, publish_evictions: bool = True) -> None:
+        """Drop all work and evict everything (the evicts are buffered for the driver).
+
+        ``publish_evictions=False`` loses them instead: fault injection for a worker
+        whose cache emptied without the index hearing of it (stale claims).
+        """
         for sequence in self.engine.reset():
             queue = self._waiting.get(sequence.number)
             if queue is not None:
                 queue.put_nowait(None)
-        self.publisher.flush()
+        if publish_evictions:
+            self.publisher.flush()
+        else:
+            self.publisher.discard()
 
     def queue_ms(self) -> float:
         return self.engine.queue_ms()

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvcompass.index.layout import Tier
-from kvcompass.keys import Namespace, TokenIds, prefix_keys, shard_of
+from kvcompass.keys import Namespace, PrefixHasher, TokenIds, prefix_keys, shard_of
 from kvcompass.levels import LevelPlan
 from kvcompass.pipeline.clock import Clock, SystemClock
 from kvcompass.topology import Worker
@@ -74,6 +74,8 @@ class EventPublisher:
         self.max_buffered_keys = max_buffered_keys
         self._lengths = plan.registration_lengths[worker.region]
         self._registered = frozenset(self._lengths)
+        self._key_hash = plan.key_hash
+        self._hasher = PrefixHasher(self._lengths, namespace, plan.key_hash)
         self._send = send
         self._pending: dict[int, _Pending] = defaultdict(_Pending)
         self._pending_keys = 0
@@ -110,12 +112,17 @@ class EventPublisher:
         worker, one incarnation and one numbering, several tenants).
         """
         event = KVEvent(kind, tier)  # refuses a bad kind or tier now, not at the flush
-        if lengths is None:
-            lengths = self._lengths
-        elif not self._registered.issuperset(lengths):
-            unknown = sorted(set(lengths) - self._registered)
-            raise ValueError(f"lengths {unknown} are not registration lengths of {self.worker.id}")
-        keys = prefix_keys(tokens, sorted(lengths), namespace or self.namespace)
+        if lengths is None and namespace is None:
+            keys = self._hasher.keys(tokens)
+        else:
+            if lengths is None:
+                lengths = self._lengths
+            elif not self._registered.issuperset(lengths):
+                unknown = sorted(set(lengths) - self._registered)
+                raise ValueError(
+                    f"lengths {unknown} are not registration lengths of {self.worker.id}"
+                )
+            keys = prefix_keys(tokens, sorted(lengths), namespace or self.namespace, self._key_hash)
         by_shard: dict[int, list[tuple[int, int]]] = defaultdict(list)
         for length, key in keys.items():
             by_shard[shard_of(key, self.n_shards)].append((length, key))
@@ -131,6 +138,17 @@ class EventPublisher:
         if self._pending_keys >= self.max_buffered_keys:
             return self.flush()
         return []
+
+    def discard(self) -> int:
+        """Drop every buffered event unsent; returns how many keys were dropped.
+
+        For fault injection only (a worker whose updates are lost: the index keeps
+        claiming what it no longer holds); sequence numbers are not consumed.
+        """
+        dropped = self._pending_keys
+        self._pending.clear()
+        self._pending_keys = 0
+        return dropped
 
     def flush(self) -> list[KVEventBatch]:
         """Send every buffered event: one batch per shard, in shard order."""

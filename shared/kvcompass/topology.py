@@ -9,12 +9,15 @@ File format (all built-ins in ``kvcompass/topologies/`` follow it)::
     name = "testbed-3region"
     description = "..."
 
-    [index]                       # all five keys required
+    [index]                       # the first five keys required
     block_size = 16               # tokens per KV block; every level length is a multiple
     value_bits = "auto"           # "auto", 32 or 64 (tier-field width of a Ludo value)
     fingerprint_bits = 0          # 0..16 extra bits per cell against false locators
     levels = 6                    # L, lengths per (edge, target region) pair
     local_min_tokens = 128        # first same-region length
+    key_hash = "xxh3"             # optional: "xxh3" (default) or "sha256" (the paper's)
+    long_context_levels = false   # optional: keep doubling past the L levels up to the
+                                  # model's context (kvcompass.levels)
 
     [cost]
     gamma_ms_per_token = 0.0052   # DRAM -> VRAM reload cost
@@ -57,6 +60,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvcompass.errors import ConfigError
+from kvcompass.keys import DEFAULT_KEY_HASH, KeyHash
 
 __all__ = [
     "AUTO_VALUE_BITS",
@@ -124,8 +128,11 @@ class IndexSettings:
     fingerprint_bits: int
     levels: int = 6
     local_min_tokens: int = 128
+    key_hash: KeyHash = DEFAULT_KEY_HASH
+    long_context_levels: bool = False
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "key_hash", KeyHash(self.key_hash))  # ValueError if unknown
         if self.block_size < 1:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
         if self.value_bits not in _VALUE_BITS.values():
@@ -343,6 +350,12 @@ class _Table:
             raise self.error(key, f"must be a string, got {value!r}")
         return value
 
+    def boolean(self, key: str, default: Any = _REQUIRED) -> bool:
+        value = self.get(key, default)
+        if not isinstance(value, bool):
+            raise self.error(key, f"must be true or false, got {value!r}")
+        return value
+
     def table(self, key: str, optional: bool = False) -> _Table:
         value = self.get(key, {} if optional else _REQUIRED)
         if not isinstance(value, dict):
@@ -414,9 +427,19 @@ def _read_index(t: _Table) -> IndexSettings:
         fingerprint_bits=t.integer("fingerprint_bits", lo=0, hi=_MAX_FINGERPRINT_BITS),
         levels=t.integer("levels", lo=1),
         local_min_tokens=t.integer("local_min_tokens", lo=1),
+        key_hash=_key_hash(t),
+        long_context_levels=t.boolean("long_context_levels", default=False),
     )
     t.done()
     return settings
+
+
+def _key_hash(t: _Table) -> KeyHash:
+    value = t.get("key_hash", str(DEFAULT_KEY_HASH))
+    if value not in [h.value for h in KeyHash]:
+        known = ", ".join(f'"{h}"' for h in KeyHash)
+        raise t.error("key_hash", f"must be one of {known}, got {value!r}")
+    return KeyHash(value)
 
 
 _Params = tuple[float | None, int | None, int | None]  # beta, vram, dram; None = not given

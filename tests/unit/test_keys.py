@@ -1,4 +1,4 @@
-"""Prefix keys (incremental SHA-256) and shard assignment."""
+"""Prefix keys (incremental SHA-256 or XXH3) and shard assignment."""
 
 from __future__ import annotations
 
@@ -9,13 +9,17 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
+import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
 
 from kvcompass.hashing import MASK63, MASK64
 from kvcompass.keys import (
+    DEFAULT_KEY_HASH,
     SHARD_SALT,
+    KeyHash,
     Namespace,
+    PrefixHasher,
     prefix_key,
     prefix_keys,
     shard_of,
@@ -23,22 +27,63 @@ from kvcompass.keys import (
 )
 
 NS = Namespace("meta-llama/Llama-3.1-8B-Instruct")
+#: The XXH3 key of the known-answer prompt, pinned like the SHA-256 one.
+XXH3_LITERAL = 0x178551F24F0887EA
 
 
-def one_shot_key(tokens: Sequence[int], model: str, group: str = "default") -> int:
+def one_shot_key(
+    tokens: Sequence[int], model: str, group: str = "default", key_hash: str = "sha256"
+) -> int:
     """The key format written out from DESIGN §5, independently of the implementation."""
     m, g = model.encode(), group.encode()
-    data = b"kvc-key/1" + struct.pack("<I", len(m)) + m + struct.pack("<I", len(g)) + g
+    tag = b"kvc-key/1" if key_hash == "sha256" else b"kvc-key/1+xxh3"
+    data = tag + struct.pack("<I", len(m)) + m + struct.pack("<I", len(g)) + g
     data += struct.pack(f"<{len(tokens)}I", *tokens)
-    return int.from_bytes(hashlib.sha256(data).digest()[:8], "little") & MASK63
+    if key_hash == "sha256":
+        return int.from_bytes(hashlib.sha256(data).digest()[:8], "little") & MASK63
+    return xxhash.xxh3_64_intdigest(data) & MASK63
 
 
-def test_known_answer() -> None:
+HASHES = pytest.mark.parametrize("key_hash", list(KeyHash), ids=str)
+
+
+def test_known_answer_sha256() -> None:
     tokens = [128000, 9906, 1917, 0, 2**32 - 1]
-    keys = prefix_keys(tokens, [1, 3, 5], NS)
+    keys = prefix_keys(tokens, [1, 3, 5], NS, KeyHash.SHA256)
     assert keys == {c: one_shot_key(tokens[:c], NS.model) for c in (1, 3, 5)}
     # Pinned literal: keys live in snapshots and on the wire, so the format must not drift.
     assert keys[5] == one_shot_key(tokens, NS.model) == 0x6D5CD33F3FDA482E
+
+
+def test_known_answer_xxh3() -> None:
+    tokens = [128000, 9906, 1917, 0, 2**32 - 1]
+    keys = prefix_keys(tokens, [1, 3, 5], NS, KeyHash.XXH3)
+    assert keys == {c: one_shot_key(tokens[:c], NS.model, key_hash="xxh3") for c in (1, 3, 5)}
+    assert keys[5] == XXH3_LITERAL
+
+
+def test_default_hash_is_xxh3() -> None:
+    # The measured choice (bench/routing.py): a collision only misroutes.
+    assert DEFAULT_KEY_HASH is KeyHash.XXH3
+    tokens = [7, 8, 9]
+    assert prefix_keys(tokens, [3], NS) == prefix_keys(tokens, [3], NS, KeyHash.XXH3)
+
+
+def test_two_hashes_never_share_an_encoding() -> None:
+    """Each hash hashes its own tag, so a key never means the same bytes under both."""
+    sha, xxh = NS.key_prefix(KeyHash.SHA256), NS.key_prefix(KeyHash.XXH3)
+    assert sha == NS.prefix
+    assert sha != xxh
+    tokens = list(range(64))
+    assert (
+        prefix_keys(tokens, [16, 64], NS, KeyHash.SHA256).values()
+        != prefix_keys(tokens, [16, 64], NS, KeyHash.XXH3).values()
+    )
+
+
+def test_hasher_refuses_an_unknown_hash() -> None:
+    with pytest.raises(ValueError, match="md5"):
+        PrefixHasher([1], NS, "md5")  # type: ignore[arg-type]
 
 
 def test_namespace_prefix_is_length_prefixed() -> None:
@@ -47,18 +92,23 @@ def test_namespace_prefix_is_length_prefixed() -> None:
     assert pickle.loads(pickle.dumps(ns)) == ns
 
 
-def test_every_length_equals_one_shot_hash_of_that_prefix() -> None:
+@HASHES
+def test_every_length_equals_one_shot_hash_of_that_prefix(key_hash: KeyHash) -> None:
     tokens = list(range(1000, 1300))
     lengths = [16, 1, 300, 64, 128, 255]
-    keys = prefix_keys(tokens, lengths, NS)
+    keys = prefix_keys(tokens, lengths, NS, key_hash)
     assert list(keys) == sorted(lengths)
+    hasher = PrefixHasher(lengths, NS, key_hash)
+    for tries in range(2):  # a hasher is reusable: no state leaks between prompts
+        assert hasher.keys(np.array(tokens, dtype=np.uint32)) == keys, tries
     for c, key in keys.items():
-        assert key == one_shot_key(tokens[:c], NS.model)
-        assert key == prefix_key(tokens, c, NS)
+        assert key == one_shot_key(tokens[:c], NS.model, key_hash=key_hash)
+        assert key == prefix_key(tokens, c, NS, key_hash)
         assert 0 <= key <= MASK63
 
 
-def test_namespaces_never_share_keys() -> None:
+@HASHES
+def test_namespaces_never_share_keys(key_hash: KeyHash) -> None:
     tokens = [1, 2, 3, 4]
     variants = [
         Namespace("llama"),
@@ -68,7 +118,7 @@ def test_namespaces_never_share_keys() -> None:
         Namespace("ab", "c"),
         Namespace("a", "bc"),
     ]
-    keys = {prefix_key(tokens, 4, ns) for ns in variants}
+    keys = {prefix_key(tokens, 4, ns, key_hash) for ns in variants}
     assert len(keys) == len(variants)
 
 
@@ -128,17 +178,24 @@ def test_numpy_and_list_inputs_agree(dtype: str) -> None:
     assert prefix_keys(np.array(tokens, dtype=dtype), [1, 7, 15], NS) == expected
     strided = np.repeat(np.array(tokens, dtype=dtype), 2)[::2]  # non-contiguous view
     assert prefix_keys(strided, np.array([1, 7, 15]), NS) == expected
+    # Lengths short of the prompt: only a head is hashed (uint32 arrays: not even copied).
+    assert prefix_keys(np.array(tokens, dtype=dtype), [1, 7], NS) == {
+        c: expected[c] for c in (1, 7)
+    }
 
 
 @given(
     tokens=st.lists(st.integers(0, 2**32 - 1), max_size=80),
     lengths=st.lists(st.integers(1, 100), max_size=12),
+    key_hash=st.sampled_from(list(KeyHash)),
 )
-def test_incremental_equals_one_shot(tokens: list[int], lengths: list[int]) -> None:
-    keys = prefix_keys(tokens, lengths, NS)
+def test_incremental_equals_one_shot(
+    tokens: list[int], lengths: list[int], key_hash: KeyHash
+) -> None:
+    keys = prefix_keys(tokens, lengths, NS, key_hash)
     assert set(keys) == {c for c in lengths if c <= len(tokens)}
     for c, key in keys.items():
-        assert key == one_shot_key(tokens[:c], NS.model)
+        assert key == one_shot_key(tokens[:c], NS.model, key_hash=key_hash)
 
 
 # --- shards --------------------------------------------------------------------------------

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from kvcompass.keys import KeyHash
 from kvcompass.levels import LevelPlan, plan_levels
 from kvcompass.topology import (
     IndexSettings,
@@ -133,3 +135,72 @@ def test_plan_is_read_only() -> None:
     assert isinstance(plan, LevelPlan)
     with pytest.raises(TypeError):
         plan.query_lengths["us", "eu"] = ()  # type: ignore[index]
+
+
+# --- long-context levels (beyond the paper) ------------------------------------------------
+
+
+def long_context(topology: Topology, context_tokens: int | None = None) -> Topology:
+    model = topology.model
+    if context_tokens is not None:
+        model = replace(model, context_tokens=context_tokens)
+    index = replace(topology.index, long_context_levels=True)
+    return replace(topology, index=index, model=model)
+
+
+def test_long_context_levels_double_to_the_model_context_on_testbed() -> None:
+    plan = plan_levels(long_context(TESTBED))  # Llama-3.1-8B: 131,072 tokens
+    assert plan.queries_from("us") == {
+        "us": (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072),
+        "eu": (3776, 5648, 7536, 9424, 11296, 13184, 26368, 52736, 105472),
+        "asia": (2976, 4448, 5936, 7424, 8896, 10384, 20768, 41536, 83072),
+    }
+
+
+def test_long_context_is_off_by_default_and_settable_per_call() -> None:
+    assert not TESTBED.index.long_context_levels
+    assert plan_levels(TESTBED) == plan_levels(TESTBED, long_context=False)
+    on = plan_levels(TESTBED, long_context=True)
+    assert on == plan_levels(long_context(TESTBED))
+    assert plan_levels(long_context(TESTBED), long_context=False) == plan_levels(TESTBED)
+
+
+@pytest.mark.parametrize("name", builtin_names())
+@pytest.mark.parametrize("context", [1_000, 13_184, 32_768, 131_072, 1_000_000])
+def test_long_context_extends_the_paper_lists_by_doublings_within_context(
+    name: str, context: int
+) -> None:
+    topology = load_builtin(name)
+    paper = plan_levels(topology)
+    plan = plan_levels(long_context(topology, context))
+    block = topology.index.block_size
+    for pair, lengths in plan.query_lengths.items():
+        base = paper.query_lengths[pair]
+        assert lengths[: len(base)] == base  # the paper's levels, untouched
+        extra = lengths[len(base) :]
+        assert [b / a for a, b in itertools.pairwise((base[-1], *extra))] == [2.0] * len(extra)
+        assert all(c <= context and c % block == 0 for c in extra)
+        assert 2 * lengths[-1] > context  # no further doubling fits
+    for r in topology.regions:  # workers still register the union of what edges query
+        union = {c for o in topology.regions for c in plan.query_lengths[o.name, r.name]}
+        assert plan.registration_lengths[r.name] == tuple(sorted(union))
+
+
+@pytest.mark.parametrize("name", builtin_names())
+def test_long_match_credit_is_at_least_half_the_match(name: str) -> None:
+    """The point of the extra levels: any match from the last paper level up to the
+    context is credited at an indexed length of at least half of it (without them, a
+    100K match counts as 13K on the testbed)."""
+    topology = load_builtin(name)
+    plan = plan_levels(long_context(topology))
+    context = topology.model.context_tokens
+    for lengths in plan.query_lengths.values():
+        for match in range(lengths[-1], context + 1, 997):
+            credited = max(c for c in lengths if c <= match)
+            assert 2 * credited > match, (match, credited)
+
+
+def test_plan_carries_the_topology_key_hash() -> None:
+    assert plan_levels(TESTBED).key_hash is KeyHash.XXH3
+    sha = replace(TESTBED, index=replace(TESTBED.index, key_hash=KeyHash.SHA256))
+    assert plan_levels(sha).key_hash is KeyHash.SHA256

@@ -19,7 +19,7 @@ from kvcompass.index.errors import IndexCorrupt, SnapshotError, TableFull
 from kvcompass.index.layout import IndexLayout, Tier
 from kvcompass.index.ludo import LudoTable
 from kvcompass.index.shard_tables import ShardTables
-from kvcompass.keys import shard_of_array
+from kvcompass.keys import KeyHash, shard_of_array
 from kvcompass.snapshot import ShardSnapshot, SnapshotMeta
 from kvcompass.topology import load_builtin
 
@@ -167,12 +167,18 @@ def test_refuses_a_shard_outside_the_count() -> None:
 def test_layout_digest_is_stable_and_covers_what_tables_depend_on() -> None:
     digest = LAYOUT.digest()
     assert digest == IndexLayout.from_topology(load_builtin("testbed-3region")).digest()
-    # A literal: a changed digest makes every stored snapshot unusable.
-    assert digest == "923ca95439609f4949caa11cfc6ae042"
+    # Literals: a changed digest makes every stored snapshot unusable. SHA-256 keys keep
+    # the digest they had before the key hash was selectable.
+    assert digest == "0e9c0dee445b6c9f65d05ec393584690"
     idx = TOPOLOGY.index
+    sha256 = IndexLayout.from_topology(
+        replace(TOPOLOGY, index=replace(idx, key_hash=KeyHash.SHA256))
+    )
+    assert sha256.digest() == "923ca95439609f4949caa11cfc6ae042"
     others = [
         replace(TOPOLOGY, index=replace(idx, fingerprint_bits=16)),
         replace(TOPOLOGY, index=replace(idx, value_bits=64)),
+        replace(TOPOLOGY, index=replace(idx, key_hash=KeyHash.SHA256)),
     ]
     first, second = LAYOUT.tables[:2]
     swapped = replace(first, workers=(second.workers[0], *first.workers[1:]))

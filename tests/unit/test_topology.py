@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from kvcompass.errors import ConfigError
+from kvcompass.keys import KeyHash
 from kvcompass.topology import (
     AUTO_VALUE_BITS,
     IndexSettings,
@@ -212,6 +213,18 @@ def test_valid_file_with_explicit_workers_and_overrides(tmp_path: Path) -> None:
     assert t.worker("us-1").vram_bytes == 1000
 
 
+def test_key_hash_and_long_context_levels_default_and_read(tmp_path: Path) -> None:
+    t = load_topology(write(tmp_path, VALID))
+    assert (t.index.key_hash, t.index.long_context_levels) == (KeyHash.XXH3, False)
+    text = VALID.replace(
+        "levels = 6", 'levels = 6\nkey_hash = "sha256"\nlong_context_levels = true'
+    )
+    t = load_topology(write(tmp_path, text))
+    assert (t.index.key_hash, t.index.long_context_levels) == (KeyHash.SHA256, True)
+    with pytest.raises(ValueError, match="md5"):
+        IndexSettings(16, 0, 0, key_hash="md5")  # type: ignore[arg-type]
+
+
 def test_value_bits_numbers_are_stored_as_ints(tmp_path: Path) -> None:
     t = load_topology(write(tmp_path, VALID.replace('value_bits = "auto"', "value_bits = 64")))
     assert t.index.value_bits == 64
@@ -240,6 +253,15 @@ INVALID_CASES = [
     ("fp-17", "fingerprint_bits = 0", "fingerprint_bits = 17", "index.fingerprint_bits", "0..16"),
     ("fp-neg", "fingerprint_bits = 0", "fingerprint_bits = -1", "index.fingerprint_bits", "0..16"),
     ("no-local-min", "local_min_tokens = 128\n", "", "index.local_min_tokens", "is required"),
+    ("hash-md5", "levels = 6", 'levels = 6\nkey_hash = "md5"', "index.key_hash", '"xxh3"'),
+    ("hash-list", "levels = 6", "levels = 6\nkey_hash = []", "index.key_hash", "one of"),
+    (
+        "long-str",
+        "levels = 6",
+        'levels = 6\nlong_context_levels = "yes"',
+        "index.long_context_levels",
+        "true or false",
+    ),
     ("gamma", "= 0.005", "= -1", "cost.gamma_ms_per_token", "non-negative number"),
     ("beta-0", "= 0.1\n", "= 0\n", "worker_defaults.beta_ms_per_token", "positive number"),
     ("beta-neg", "= 0.2", "= -0.2", "regions[1].beta_ms_per_token", "positive number"),

@@ -17,7 +17,7 @@ from kvcompass.errors import BadInput
 from kvcompass.index.layout import IndexLayout, Tier
 from kvcompass.index.patches import TablePatch
 from kvcompass.index.view import LudoView
-from kvcompass.keys import Namespace, TokenIds, prefix_keys, shard_of
+from kvcompass.keys import Namespace, PrefixHasher, TokenIds, shard_of
 from kvcompass.levels import LevelPlan
 
 __all__ = [
@@ -65,10 +65,10 @@ class QueryPlanner:
         self.edge_region = edge_region
         self.namespace = namespace
         self._targets = tuple(plan.queries_from(edge_region).items())
-        self._lengths = plan.all_query_lengths(edge_region)
+        self._hasher = PrefixHasher(plan.all_query_lengths(edge_region), namespace, plan.key_hash)
 
     def query(self, tokens: TokenIds) -> MultiLevelQuery:
-        keys = prefix_keys(tokens, self._lengths, self.namespace)
+        keys = self._hasher.keys(tokens)
         return MultiLevelQuery(
             {
                 region: [(n, keys[n]) for n in lengths if n in keys]
@@ -78,11 +78,11 @@ class QueryPlanner:
 
 
 class MatchDecoder:
-    """Table values to per-worker matches: the one decoding every index reader shares.
+    """Table values to per-worker matches, as the in-process view decodes them.
 
-    :meth:`decode` asks ``value_of(table id, key)`` for each lookup a query needs. A
-    reader that reads its tables in batches (one shared-memory read section per shard)
-    first collects the values of :meth:`probes`, then decodes from them.
+    :meth:`decode` asks ``value_of(table id, key)`` for each lookup a query needs. The
+    shared-memory reader decodes the same way in compiled code (``kvcompass.shm.probe``;
+    tests check the two agree).
     """
 
     def __init__(self, layout: IndexLayout) -> None:
@@ -97,15 +97,6 @@ class MatchDecoder:
             return self._region_tables[region]
         except KeyError:
             raise BadInput(f"query names region {region!r}, not one of this index") from None
-
-    def probes(self, query: MultiLevelQuery) -> list[tuple[int, int]]:
-        """(table id, key) of every lookup :meth:`decode` makes for ``query``."""
-        return [
-            (table_id, key)
-            for region, pairs in query.per_region.items()
-            for table_id, _ in self._tables_of(region)
-            for _, key in pairs
-        ]
 
     def decode(self, query: MultiLevelQuery, value_of: Callable[[int, int], int]) -> Match:
         """Longest matched length and tier of every worker, over all levels and regions."""

@@ -11,6 +11,7 @@ import hashlib
 from dataclasses import dataclass
 from enum import IntEnum
 
+from kvcompass.keys import KeyHash
 from kvcompass.topology import Topology
 
 __all__ = ["IndexLayout", "TableSpec", "Tier", "holders", "with_tier"]
@@ -40,6 +41,8 @@ class IndexLayout:
     #: For every worker index: (table id, field number).
     slots: tuple[tuple[int, int], ...]
     fingerprint_bits: int
+    #: Not the tables' shape, but what their keys mean: see :meth:`digest`.
+    key_hash: KeyHash = KeyHash.SHA256
 
     @classmethod
     def from_topology(cls, topology: Topology) -> IndexLayout:
@@ -61,6 +64,7 @@ class IndexLayout:
             tables=tuple(tables),
             slots=tuple(slots[i] for i in range(len(slots))),
             fingerprint_bits=topology.index.fingerprint_bits,
+            key_hash=topology.index.key_hash,
         )
 
     @property
@@ -75,13 +79,16 @@ class IndexLayout:
 
         Tables, their regions, value widths and workers (by global index), and the
         fingerprint width: a snapshot taken under another layout would put tiers in the
-        wrong fields, so restorers compare this with the snapshot's.
+        wrong fields, so restorers compare this with the snapshot's. Also the key hash
+        unless it is SHA-256 (whose digests predate the choice): a snapshot keyed by the
+        other hash would hold entries no query finds and no event removes.
         """
         text = ";".join(
             f"{t.table_id}:{t.region}:{t.value_bits}:{','.join(map(str, t.workers))}"
             for t in self.tables
         )
-        text = f"kvc-layout/1|fp={self.fingerprint_bits}|{text}"
+        keys = "" if self.key_hash == KeyHash.SHA256 else f"|keys={self.key_hash}"
+        text = f"kvc-layout/1|fp={self.fingerprint_bits}{keys}|{text}"
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 

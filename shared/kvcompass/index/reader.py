@@ -2,8 +2,8 @@
 
 Routers program against :class:`IndexReader`. :class:`~kvcompass.index.discovery.DiscoveryView`
 implements it in-process and :class:`~kvcompass.shm.SharedIndexReader` over the edge
-replayer's shared-memory views; both decode table values with the same
-:class:`~kvcompass.index.discovery.MatchDecoder`, so they give the same answers.
+replayer's shared-memory views (in compiled code, ``kvcompass.shm.probe``); tests check
+that they give the same answers.
 """
 
 from __future__ import annotations

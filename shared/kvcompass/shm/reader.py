@@ -6,18 +6,21 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Final, TypeVar
 
-from kvcompass.errors import ConfigError
-from kvcompass.index.discovery import Match, MatchDecoder, MultiLevelQuery
+import numpy as np
+from numpy.typing import NDArray
+
+from kvcompass.errors import BadInput, ConfigError
+from kvcompass.index.discovery import Match, MultiLevelQuery
 from kvcompass.index.errors import SnapshotError
 from kvcompass.index.image import ImageHeader, layout_of
 from kvcompass.index.layout import IndexLayout
 from kvcompass.index.reader import IndexNotReady
 from kvcompass.index.view import LudoView
-from kvcompass.keys import shard_of
+from kvcompass.shm import probe
 from kvcompass.shm.lifetime import LivenessProbe
 from kvcompass.shm.segments import (
     EPOCH,
@@ -80,6 +83,9 @@ class _Attachment:
         self._lookups: list[list[Callable[[int], int]]] = [
             [_not_mapped] * self.n_tables for _ in range(self.n_shards)
         ]
+        #: Per (shard, table) row: where the mapped table's arrays are (see probe.py).
+        self._desc = np.zeros((self.n_shards * self.n_tables, probe.N_COLUMNS), np.uint64)
+        self._touched = np.zeros(self.n_shards, np.uint8)
 
     def _read_header(self, prefix: str) -> None:
         if len(self._ctl.buf) < HEAD.size:
@@ -127,16 +133,20 @@ class _Attachment:
                 raise IndexNotReady(f"shard {shard} table {table} is not loaded yet")
             seg = Segment.open(name.decode())
             header = ImageHeader.unpack(seg.buf)
-            view = LudoView.attach(seg.buf[: layout_of(header.geometry).view_end])
+            layout = layout_of(header.geometry)
+            view = LudoView.attach(seg.buf[: layout.view_end])
             self._drop_table(shard, table)
             self._segments[(shard, table)] = seg
             self._views[(shard, table)] = view
             self._names[(shard, table)] = name
             self._lookups[shard][table] = view.lookup
+            base = np.frombuffer(seg.buf, np.uint8, 1).ctypes.data
+            probe.describe(self._desc[shard * self.n_tables + table], base, header.geometry, layout)
         self._versions[shard] = version
 
     def _drop_table(self, shard: int, table: int) -> None:
         self._lookups[shard][table] = _not_mapped
+        self._desc[shard * self.n_tables + table] = 0
         self._names.pop((shard, table), None)
         view = self._views.pop((shard, table), None)
         if view is not None:
@@ -160,6 +170,28 @@ class _Attachment:
 
         return self.consistent(shard, read)
 
+    def match_probes(
+        self,
+        probes: NDArray[np.int64],
+        workers: NDArray[np.int64],
+        out: tuple[NDArray[np.int64], NDArray[np.int64]],
+    ) -> None:
+        """Run :func:`probe.match_probes` in one read section over every shard (a
+        section costs a few loads per shard; one compiled call beats one per shard)."""
+        lengths, tiers = out
+        touched, records, versions = self._touched, self._records, self._versions
+
+        def read() -> None:
+            for shard, record in enumerate(records):
+                if record[VERSION] != versions[shard]:
+                    self._refresh(shard)  # every descriptor row current
+            probe.match_probes(self._desc, self.n_tables, probes, workers, lengths, tiers, touched)
+
+        self._stable(range(self.n_shards), read)
+        for shard, record in enumerate(records):
+            if not record[READY] and touched[shard]:
+                raise IndexNotReady(f"shard {shard} is not ready")
+
     def view(self, shard: int, table: int) -> LudoView:
         """The table's view, mapped (call inside a read section)."""
         self._tables(shard)
@@ -167,22 +199,28 @@ class _Attachment:
 
     def consistent(self, shard: int, read: Callable[[], T]) -> T:
         """Run ``read`` until no writer touched the shard meanwhile (the sequence lock)."""
-        record = self._records[shard]
+        return self._stable((shard,), read)
+
+    def _stable(self, shards: Sequence[int], read: Callable[[], T]) -> T:
+        """Run ``read`` until no writer touched any of ``shards`` meanwhile."""
+        every = len(shards) == self.n_shards
+        records = self._records if every else [self._records[s] for s in shards]
+        where = "every shard" if every else f"shard {', '.join(map(str, shards))}"
         deadline = 0.0
         for attempt in itertools.count():
             if attempt >= _SPINS:
                 # The writer holds the shard (a big batch or a table reload): let it
                 # run instead of burning the CPU it needs, and give up at a deadline.
                 if not self.alive():
-                    raise IndexNotReady(f"shard {shard}: the writer died mid-write")
+                    raise IndexNotReady(f"{where}: the writer died mid-write")
                 now = time.monotonic()
                 if not deadline:
                     deadline = now + self._wait_limit_s
                 elif now > deadline:
                     break
                 time.sleep(0)
-            before = record[SEQLOCK]
-            if before & 1:
+            before = [record[SEQLOCK] for record in records]
+            if any(lock & 1 for lock in before):
                 continue
             try:
                 value = read()
@@ -190,14 +228,15 @@ class _Attachment:
                 # A segment name or image read while the writer swapped it: retry,
                 # unless nothing changed meanwhile (then the error is real, or the
                 # writer closed and unlinked its segments since this call began).
-                if record[SEQLOCK] != before:
+                if [record[SEQLOCK] for record in records] != before:
                     continue
                 if not self.alive():
-                    raise IndexNotReady(f"shard {shard}: the writer is gone") from exc
+                    raise IndexNotReady(f"{where}: the writer is gone") from exc
                 raise
-            if record[SEQLOCK] == before:
+            if [record[SEQLOCK] for record in records] == before:
                 return value
-        raise TornRead(f"shard {shard}: writer kept the sequence lock busy")
+        busy = ", ".join(str(s) for s, r in zip(shards, records, strict=True) if r[SEQLOCK] & 1)
+        raise TornRead(f"{f'shard {busy}' if busy else where}: writer kept the sequence lock busy")
 
     def close(self) -> None:
         for shard, table in list(self._views):
@@ -230,8 +269,16 @@ class SharedIndexReader:
         published them (callers poll for readiness)."""
         self.prefix = prefix
         self._layout = layout
-        self._decoder = None if layout is None else MatchDecoder(layout)
         self._wait_limit_s = wait_limit_s
+        if layout is not None:
+            self._region_tables = {
+                region: tuple(t.table_id for t in layout.tables_of(region))
+                for region in dict.fromkeys(t.region for t in layout.tables)
+            }
+            self._workers = probe.table_workers([t.workers for t in layout.tables])
+            self._lengths = np.zeros(layout.n_workers, np.int64)
+            self._tiers = np.zeros(layout.n_workers, np.int64)
+            probe.warm_up()
         self._att = self._checked(_Attachment(prefix, wait_limit_s))
 
     def _checked(self, att: _Attachment) -> _Attachment:
@@ -289,20 +336,28 @@ class SharedIndexReader:
         return att.position(shard)
 
     def match(self, query: MultiLevelQuery) -> Match:
-        """Longest matched length and tier of every worker, one read section per shard."""
-        if self._decoder is None:
+        """Longest matched length and tier of every worker: every probe in one compiled
+        call, in one read section over all shards (the answers of
+        :class:`~kvcompass.index.discovery.MatchDecoder`, which a unit test checks).
+
+        IndexNotReady if a shard the query touches is not ready, and, as at start-up,
+        while any shard has a table not loaded yet."""
+        if self._layout is None:
             raise ConfigError("SharedIndexReader needs the index layout to match queries")
         att = self._live()
-        n_shards = att.n_shards
-        by_shard: dict[int, list[tuple[int, int]]] = {}
-        for probe in self._decoder.probes(query):
-            by_shard.setdefault(shard_of(probe[1], n_shards), []).append(probe)
-        values: dict[tuple[int, int], int] = {}
-        for shard, probes in by_shard.items():
-            if not att.shard_ready(shard):
-                raise IndexNotReady(f"shard {shard} is not ready")
-            values.update(zip(probes, att.lookup_many(shard, probes), strict=True))
-        return self._decoder.decode(query, lambda table, key: values[(table, key)])
+        flat: list[int] = []  # (key, table id, length) rows; keys are 63-bit, so int64
+        extend = flat.extend
+        region_tables = self._region_tables
+        for region, pairs in query.per_region.items():
+            tables = region_tables.get(region)
+            if tables is None:
+                raise BadInput(f"query names region {region!r}, not one of this index")
+            for table in tables:
+                for length, key in pairs:
+                    extend((key, table, length))
+        probes = np.array(flat, dtype=np.int64).reshape(-1, 3)
+        att.match_probes(probes, self._workers, (self._lengths, self._tiers))
+        return Match(self._lengths.tolist(), self._tiers.tolist())
 
     def lookup(self, shard: int, table: int, key: int) -> int:
         """The table's value for ``key``, from a state no writer was changing."""

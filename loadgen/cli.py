@@ -1,0 +1,237 @@
+"""``kvcompass loadgen``: replay a workload against the edge routers, one request at a
+time at its arrival time (open loop), and report per origin region."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import textwrap
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from kvcompass.loadgen.driver import DriverConfig
+from kvcompass.loadgen.replay import replay
+from kvcompass.loadgen.summary import render_side_by_side
+from kvcompass.loadgen.workloads import (
+    LiveRequest,
+    RegionShares,
+    SyntheticConfig,
+    SyntheticWorkload,
+    TraceConfig,
+    TraceWorkload,
+    bounded,
+    read_trace,
+)
+from kvcompass.topology import Topology, builtin_names, load_builtin, load_topology
+
+__all__ = ["main", "parser", "workload"]
+
+
+def _pairs(text: str) -> dict[str, str]:
+    out = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise argparse.ArgumentTypeError(f"{item!r} is not NAME=VALUE")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _weights(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(w) for w in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of numbers") from None
+
+
+def _synthetic_help() -> str:
+    rows = [
+        f"  {name} (default {default}): {doc}"
+        for name, default, doc in SyntheticConfig.parameters()
+    ]
+    return "synthetic workload parameters (--set NAME=VALUE):\n" + "\n".join(rows)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kvcompass loadgen",
+        description=textwrap.fill(
+            "Replay a workload against the edge routers: each request goes at its arrival "
+            "time to its origin region's router (POST /v1/completions, token-id prompt), "
+            "open loop. Writes one JSON record per request and prints a summary per origin "
+            "region (TTFT, E2E, throughput, reused vs recomputed prefill, cross-region "
+            "forwards, errors).",
+            88,
+        ),
+        epilog=_synthetic_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    w = p.add_argument_group("workload")
+    w.add_argument("--workload", choices=("synthetic", "trace"), default="synthetic")
+    w.add_argument("--trace", type=Path, help="Mooncake JSONL trace (.gz/.xz) for --workload trace")
+    w.add_argument("--topology", default="testbed-3region", help="built-in name or TOML path")
+    w.add_argument("--seed", type=int, default=0, help="seeds every draw (default 0)")
+    w.add_argument(
+        "--region-weights",
+        type=_weights,
+        default=(),
+        help="population share per region, topology order (e.g. 8,2,4); default worker counts",
+    )
+    w.add_argument(
+        "--rate", type=float, help="Poisson arrivals per second (trace: replaces its times)"
+    )
+    w.add_argument("--speed", type=float, default=1.0, help="trace time divided by this")
+    w.add_argument("--duration", type=float, help="send requests arriving in the first S seconds")
+    w.add_argument("--requests", type=int, help="send at most N requests")
+    w.add_argument("--skip", type=int, default=0, help="trace records skipped from the start")
+    w.add_argument("--tenants", default="default", help="trace: comma list of tenant names")
+    w.add_argument("--max-prompt-tokens", type=int, help="cut longer prompts (keeps prefixes)")
+    w.add_argument("--max-tokens", type=int, help="cap each request's max_tokens")
+    w.add_argument(
+        "--set",
+        dest="params",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a synthetic workload parameter (see below); repeatable",
+    )
+    d = p.add_argument_group("driver")
+    d.add_argument(
+        "--routers",
+        type=_pairs,
+        default={},
+        help="router URL per origin region: us=http://127.0.0.1:8000,eu=...",
+    )
+    d.add_argument(
+        "--api-keys",
+        type=_pairs,
+        default={},
+        help="key=tenant pairs (the routers' KVC_API_KEYS); tenants without a key send none",
+    )
+    d.add_argument("--model", help="the body's model (default: the topology's model name)")
+    d.add_argument(
+        "--stream", action=argparse.BooleanOptionalAction, default=True, help="SSE (TTFT measured)"
+    )
+    d.add_argument("--timeout", type=float, default=120.0, help="seconds per request, in total")
+    d.add_argument("--max-in-flight", type=int, default=4096, help="open requests before dropping")
+    o = p.add_argument_group("output")
+    o.add_argument("--out", type=Path, help="per-request records (JSONL)")
+    o.add_argument("--summary-json", type=Path, help="the summary as JSON")
+    o.add_argument("--name", default="run", help="the run's column name in the summary")
+    o.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar (default: on a terminal)",
+    )
+    o.add_argument("--dry-run", action="store_true", help="describe the workload; send nothing")
+    return p
+
+
+def _topology(name_or_path: str) -> Topology:
+    if name_or_path in builtin_names():
+        return load_builtin(name_or_path)
+    return load_topology(Path(name_or_path))
+
+
+def workload(args: argparse.Namespace, topology: Topology) -> Iterator[LiveRequest]:
+    """The requests the arguments describe, bounded by --duration / --requests."""
+    shares = RegionShares.of(topology, args.region_weights)
+    requests: Iterator[LiveRequest]
+    if args.workload == "trace":
+        if args.trace is None:
+            raise ValueError("--workload trace needs --trace PATH")
+        config = TraceConfig(
+            seed=args.seed,
+            block_size=512,
+            speed=args.speed,
+            rate=args.rate,
+            region_weights=tuple(args.region_weights),
+            tenants=tuple(t.strip() for t in args.tenants.split(",") if t.strip()),
+            max_prompt_tokens=args.max_prompt_tokens,
+            max_output_tokens=args.max_tokens,
+            skip=args.skip,
+        )
+        limit = None if args.requests is None else args.requests + args.skip
+        requests = TraceWorkload(read_trace(args.trace, limit), shares, config).requests()
+    else:
+        values = _pairs(",".join(args.params)) if args.params else {}
+        values.setdefault("seed", str(args.seed))
+        if args.rate is not None:
+            values["rate"] = str(args.rate)
+        if args.max_prompt_tokens is not None:
+            values["max_prompt_tokens"] = str(args.max_prompt_tokens)
+        config_s = SyntheticConfig().with_values(values)
+        requests = SyntheticWorkload(config_s, shares).requests()
+        if args.max_tokens is not None:
+            cap = args.max_tokens
+            requests = (dataclasses.replace(r, max_tokens=min(r.max_tokens, cap)) for r in requests)
+    return bounded(requests, args.duration, args.requests)
+
+
+def _describe(requests: Sequence[LiveRequest]) -> str:
+    lengths = np.array([len(r.tokens) for r in requests] or [0])
+    regions = Counter(r.origin_region for r in requests)
+    span = requests[-1].at_s if requests else 0.0
+    sessions = len({r.session for r in requests})
+    p50, p99 = np.percentile(lengths, [50, 99])
+    return "\n".join(
+        [
+            f"requests {len(requests)} over {span:.1f} s, sessions {sessions}, "
+            f"tenants {sorted({r.tenant for r in requests})}",
+            "by origin: " + ", ".join(f"{k} {v}" for k, v in sorted(regions.items())),
+            f"prompt tokens P50 {p50:.0f} / P99 {p99:.0f} / max {lengths.max()}",
+        ]
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        topology = _topology(args.topology)
+        if args.workload == "synthetic" and args.duration is None and args.requests is None:
+            raise ValueError("the synthetic workload is endless: give --duration or --requests")
+        requests = workload(args, topology)
+        if args.dry_run:
+            print(_describe(list(requests)))
+            return 0
+        if not args.routers:
+            raise ValueError("--routers is required (e.g. us=http://127.0.0.1:8000)")
+        api_keys = {tenant: key for key, tenant in args.api_keys.items()}
+        config = DriverConfig(
+            routers=args.routers,
+            api_keys=api_keys,
+            model=args.model or topology.model.name,
+            stream=args.stream,
+            timeout_s=args.timeout,
+            max_in_flight=args.max_in_flight,
+        )
+    except (ValueError, KeyError, OSError) as exc:
+        print(f"kvcompass loadgen: {exc}", file=sys.stderr)
+        return 2
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    regions = [r.name for r in topology.regions]
+    result = replay(
+        requests,
+        config,
+        name=args.name,
+        regions=regions,
+        out=args.out,
+        progress=show,
+        total=args.requests,
+    )
+    summary = result.summary
+    print(render_side_by_side([summary]))
+    if args.summary_json:
+        args.summary_json.write_text(json.dumps(dataclasses.asdict(summary), indent=2) + "\n")
+    if result.interrupted:
+        print(
+            "kvcompass loadgen: interrupted; the summary covers finished requests", file=sys.stderr
+        )
+        return 130
+    return 1 if result.records and not any(r.ok for r in result.records) else 0

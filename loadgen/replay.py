@@ -1,0 +1,65 @@
+"""One replay as a function call (``kvcompass loadgen`` and the demo use it): drive the
+requests, write the records, show progress, summarise."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from kvcompass.loadgen.driver import DriverConfig, drive
+from kvcompass.loadgen.records import RequestRecord, write_record
+from kvcompass.loadgen.summary import RunSummary, summarize
+from kvcompass.loadgen.workloads import LiveRequest
+
+__all__ = ["Replay", "replay"]
+
+
+@dataclass(frozen=True)
+class Replay:
+    summary: RunSummary
+    records: list[RequestRecord]
+    interrupted: bool  # Ctrl-C: the summary covers the requests that had finished
+
+
+def replay(
+    requests: Iterable[LiveRequest],
+    config: DriverConfig,
+    *,
+    name: str,
+    regions: Sequence[str],
+    out: Path | None = None,
+    progress: bool = False,
+    total: int | None = None,
+) -> Replay:
+    """Run ``requests`` against the routers in a new event loop (blocks until the last
+    answer). ``out``: JSONL records, one line as each request ends; ``total``: the
+    progress bar's length, if known."""
+    records: list[RequestRecord] = []
+    with ExitStack() as stack:
+        sink = stack.enter_context(open(out, "w")) if out is not None else None
+        bar = stack.enter_context(tqdm(total=total, unit="req", disable=not progress))
+        errors = 0
+
+        def on_record(record: RequestRecord) -> None:
+            nonlocal errors
+            records.append(record)
+            if sink is not None:
+                write_record(sink, record)
+            errors += not record.ok
+            bar.update(1)
+            bar.set_postfix(errors=errors, refresh=False)
+
+        start = time.perf_counter()
+        try:
+            duration_s = asyncio.run(drive(requests, config, on_record)).duration_s
+            interrupted = False
+        except KeyboardInterrupt:
+            duration_s = time.perf_counter() - start
+            interrupted = True
+    return Replay(summarize(name, records, duration_s, regions), records, interrupted)

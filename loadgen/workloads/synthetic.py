@@ -1,0 +1,190 @@
+"""A synthetic mixed workload: tenants with shared system prompts, multi-turn sessions
+and long documents, deterministic for a seed.
+
+Arrivals are an open-loop Poisson process at ``rate``. Each arrival either opens a new
+session (with probability ``new_session_prob``, or when none is open) or is the next
+turn of an open session picked uniformly. A session belongs to one tenant and one
+origin region (population shares) and starts from one of its tenant's system prompts;
+a share ``document_share`` of sessions put a long document after it (documents are
+per tenant and picked by Zipf popularity, so several sessions, from several regions,
+read the same one). Every turn appends a user message to the previous turn's prompt
+and answer, so turn k+1's prompt starts with all of turn k's. The answer is synthetic
+(``max_tokens`` tokens from the seed): an emulated worker's output is not fed back.
+A session closes after its turn count (geometric, mean ``turns_mean``) or before its
+prompt would exceed ``max_prompt_tokens``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kvcompass.loadgen.workloads.arrivals import poisson_times
+from kvcompass.loadgen.workloads.regions import RegionShares
+from kvcompass.loadgen.workloads.request import LiveRequest
+
+__all__ = ["SyntheticConfig", "SyntheticWorkload"]
+
+T = TypeVar("T")
+
+
+def _param(default: T, doc: str) -> T:
+    """A parameter with its meaning (listed by ``kvcompass loadgen --help``)."""
+    return field(default=default, metadata={"doc": doc})
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """Every parameter of the synthetic workload (``kvcompass loadgen --set NAME=VALUE``)."""
+
+    seed: int = _param(0, "Seed of every draw; the same seed gives the same requests.")
+    rate: float = _param(4.0, "Mean arrivals per second (Poisson, open loop).")
+    tenants: int = _param(2, "Tenants (named tenant-0, tenant-1, ...).")
+    system_prompts_per_tenant: int = _param(2, "Distinct system prompts per tenant.")
+    system_tokens_min: int = _param(1024, "Shortest system prompt (tokens).")
+    system_tokens_max: int = _param(4096, "Longest system prompt (tokens).")
+    new_session_prob: float = _param(
+        0.35, "Probability that an arrival opens a new session rather than continuing one."
+    )
+    turns_mean: float = _param(4.0, "Mean turns per session (geometric, at least 1).")
+    user_tokens_min: int = _param(32, "Shortest user message per turn (tokens).")
+    user_tokens_max: int = _param(512, "Longest user message per turn (tokens).")
+    answer_tokens_min: int = _param(16, "Fewest tokens a turn generates (max_tokens).")
+    answer_tokens_max: int = _param(128, "Most tokens a turn generates (max_tokens).")
+    document_share: float = _param(0.25, "Share of sessions that start with a long document.")
+    documents_per_tenant: int = _param(6, "Distinct documents per tenant.")
+    document_tokens_min: int = _param(8192, "Shortest document (tokens).")
+    document_tokens_max: int = _param(32768, "Longest document (tokens).")
+    document_zipf: float = _param(
+        1.2, "Zipf exponent of document popularity (0 = uniform; higher = a few hot ones)."
+    )
+    max_prompt_tokens: int = _param(
+        65536, "A session closes rather than send a prompt longer than this."
+    )
+    vocab: int = _param(128_000, "Token ids are drawn from [0, vocab).")
+
+    def __post_init__(self) -> None:
+        for lo, hi in (
+            ("system_tokens_min", "system_tokens_max"),
+            ("user_tokens_min", "user_tokens_max"),
+            ("answer_tokens_min", "answer_tokens_max"),
+            ("document_tokens_min", "document_tokens_max"),
+        ):
+            if not 1 <= getattr(self, lo) <= getattr(self, hi):
+                raise ValueError(f"need 1 <= {lo} <= {hi}")
+        if self.rate <= 0 or self.turns_mean < 1 or self.vocab < 2:
+            raise ValueError("need rate > 0, turns_mean >= 1, vocab >= 2")
+        if min(self.tenants, self.system_prompts_per_tenant, self.documents_per_tenant) < 1:
+            raise ValueError("need at least one tenant, system prompt and document each")
+        if not (0 <= self.new_session_prob <= 1 and 0 <= self.document_share <= 1):
+            raise ValueError("new_session_prob and document_share are probabilities")
+
+    @classmethod
+    def parameters(cls) -> list[tuple[str, object, str]]:
+        """(name, default, meaning) of every parameter, for ``--help``."""
+        return [(f.name, f.default, f.metadata["doc"]) for f in dataclasses.fields(cls)]
+
+    def with_values(self, values: dict[str, str]) -> SyntheticConfig:
+        """A copy with parameters set from text (``--set rate=8``), typed by the defaults."""
+        types: dict[str, type[int | float]] = {
+            f.name: float if isinstance(f.default, float) else int for f in dataclasses.fields(self)
+        }
+        unknown = sorted(set(values) - set(types))
+        if unknown:
+            raise ValueError(f"unknown synthetic parameters {unknown}; known: {sorted(types)}")
+        typed: dict[str, Any] = {k: types[k](v) for k, v in values.items()}
+        return dataclasses.replace(self, **typed)
+
+
+@dataclass
+class _Session:
+    number: int
+    tenant: int
+    region: str
+    prompt: list[int]  # the next turn's prompt, without its user message yet
+    turns_left: int
+
+
+class SyntheticWorkload:
+    def __init__(self, config: SyntheticConfig, shares: RegionShares) -> None:
+        self.config = config
+        self.shares = shares
+        c = config
+        rng = np.random.default_rng([c.seed, 1])
+        self._system = [
+            [
+                self._draw(rng, c.system_tokens_min, c.system_tokens_max)
+                for _ in range(c.system_prompts_per_tenant)
+            ]
+            for _ in range(c.tenants)
+        ]
+        ranks = np.arange(1, c.documents_per_tenant + 1, dtype=np.float64)
+        popularity = ranks**-c.document_zipf
+        self._doc_p = popularity / popularity.sum()
+        self._docs: dict[tuple[int, int], list[int]] = {}
+
+    def _draw(self, rng: np.random.Generator, lo: int, hi: int) -> list[int]:
+        n = int(rng.integers(lo, hi + 1))
+        tokens: NDArray[np.int64] = rng.integers(0, self.config.vocab, n)
+        return [int(t) for t in tokens]
+
+    def document(self, tenant: int, doc: int) -> list[int]:
+        """Document ``doc`` of ``tenant`` (its own seed stream: order-free, cached)."""
+        key = (tenant, doc)
+        if key not in self._docs:
+            c = self.config
+            rng = np.random.default_rng([c.seed, 2, tenant, doc])
+            self._docs[key] = self._draw(rng, c.document_tokens_min, c.document_tokens_max)
+        return self._docs[key]
+
+    def requests(self) -> Iterator[LiveRequest]:
+        """Endless, in arrival order (bound it with a duration or a count)."""
+        c = self.config
+        rng = np.random.default_rng([c.seed, 3])
+        open_sessions: list[_Session] = []
+        opened = 0
+        for n, at_s in enumerate(poisson_times(c.rate, c.seed)):
+            if not open_sessions or rng.random() < c.new_session_prob:
+                session = self._open(rng, opened)
+                opened += 1
+                open_sessions.append(session)
+            else:
+                session = open_sessions[int(rng.integers(len(open_sessions)))]
+            user = self._draw(rng, c.user_tokens_min, c.user_tokens_max)
+            answer = int(rng.integers(c.answer_tokens_min, c.answer_tokens_max + 1))
+            prompt = session.prompt + user
+            if len(prompt) > c.max_prompt_tokens:  # too long to continue: a fresh one
+                open_sessions.remove(session)
+                session = self._open(rng, opened)
+                opened += 1
+                open_sessions.append(session)
+                prompt = (session.prompt + user)[: c.max_prompt_tokens]
+            yield LiveRequest(
+                at_s=at_s,
+                origin_region=session.region,
+                tenant=f"tenant-{session.tenant}",
+                tokens=prompt,
+                max_tokens=answer,
+                session=f"s{session.number}",
+                request_id=f"s{n:06d}",
+            )
+            session.turns_left -= 1
+            if session.turns_left <= 0:
+                open_sessions.remove(session)
+            else:  # the next turn repeats this prompt and its (synthetic) answer
+                session.prompt = prompt + self._draw(rng, answer, answer)
+
+    def _open(self, rng: np.random.Generator, number: int) -> _Session:
+        c = self.config
+        tenant = int(rng.integers(c.tenants))
+        prompt = list(self._system[tenant][int(rng.integers(c.system_prompts_per_tenant))])
+        if rng.random() < c.document_share:
+            prompt += self.document(tenant, int(rng.choice(len(self._doc_p), p=self._doc_p)))
+        turns = int(rng.geometric(1.0 / c.turns_mean))
+        region = self.shares.pick(float(rng.random()))
+        return _Session(number, tenant, region, prompt, turns)

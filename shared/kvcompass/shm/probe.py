@@ -1,0 +1,192 @@
+"""The router's match over mapped tables, compiled: every probe of a query in one call.
+
+In Python a view lookup costs four 64-bit mixes on big integers (about a microsecond),
+and a 4K-token prompt probes 8 (testbed-3region) to 70 (sim-16region) keys, each in a
+table of its own shard, then decodes the holders. This kernel does all of it in one
+numba call over a descriptor table: per (shard, table) row, the addresses of the
+table's arrays inside the reader's own mapping of its segment, and its geometry. The
+reader rebuilds a row whenever it maps a table again, and runs the kernel only inside
+a read section, after checking that every row is current; a mapping stays valid until
+the reader itself closes it, even after the writer unlinks the segment.
+
+The lookup is :meth:`kvcompass.index.view.LudoView.lookup` step for step (a unit test
+checks the two agree), the decoding :meth:`kvcompass.index.discovery.MatchDecoder.decode`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final, TypeVar, cast
+
+import numba
+import numpy as np
+from numba import carray, types  # type: ignore[attr-defined]
+from numba.core import cgutils
+from numba.extending import intrinsic
+from numpy.typing import NDArray
+
+from kvcompass.hashing import GOLDEN64, MASK32
+from kvcompass.index.geometry import TableGeometry
+from kvcompass.index.image import ImageLayout
+from kvcompass.keys import SHARD_SALT
+
+__all__ = ["N_COLUMNS", "describe", "match_probes", "table_workers", "warm_up"]
+
+# Descriptor columns (uint64).
+_SEEDS, _CELLS, _WORDS, _FPS, _CELL_BYTES, _NB, _MA, _MB = range(8)
+_BSEED, _OSEED, _SSEED, _FSEED, _FSHIFT = range(8, 13)
+N_COLUMNS: Final = 13
+
+_U32 = np.uint64(32)
+_U33 = np.uint64(33)
+_U6 = np.uint64(6)
+_U5 = np.uint64(5)
+_U63 = np.uint64(63)
+_U31 = np.uint64(31)
+_U3 = np.uint64(3)
+_U2 = np.uint64(2)
+_U4 = np.uint64(4)
+_U8 = np.uint64(8)
+_U56 = np.uint64(56)
+_U1 = np.uint64(1)
+_C1 = np.uint64(0xFF51AFD7ED558CCD)
+_C2 = np.uint64(0xC4CEB9FE1A85EC53)
+_M32 = np.uint64(MASK32)
+_GOLDEN = np.uint64(GOLDEN64)
+_SALT = np.uint64(SHARD_SALT)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _compiled(fn: F) -> F:
+    # cache=True: compiled once per machine, loaded from beside this module after.
+    return cast(F, numba.njit(cache=True, nogil=True)(fn))
+
+
+def _address_typing(typingctx: Any, addr: Any) -> Any:
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.inttoptr(args[0], cgutils.voidptr_t)
+
+    return types.voidptr(types.uint64), codegen
+
+
+#: An integer address as a pointer numba can wrap in an array (compiled code only).
+_address: Any = intrinsic(_address_typing)
+
+
+@_compiled
+def _mix64(x: np.uint64) -> np.uint64:
+    x ^= x >> _U33
+    x *= _C1
+    x ^= x >> _U33
+    x *= _C2
+    return x ^ (x >> _U33)
+
+
+@_compiled
+def _at(address: np.uint64, dtype: Any) -> np.uint64:
+    return np.uint64(carray(_address(address), 1, dtype)[0])
+
+
+@_compiled
+def _lookup(d: NDArray[np.uint64], key: np.uint64) -> np.uint64:
+    hb = _mix64(key ^ d[_BSEED])
+    x = _mix64(key ^ d[_OSEED])
+    ma = d[_MA]
+    ia = ((x & _M32) * ma) >> _U32
+    ib = ma + (((x >> _U32) * d[_MB]) >> _U32)
+    word_a = _at(d[_WORDS] + (ia >> _U6) * _U8, np.uint64)
+    word_b = _at(d[_WORDS] + (ib >> _U6) * _U8, np.uint64)
+    if ((word_a >> (ia & _U63)) ^ (word_b >> (ib & _U63))) & _U1:
+        b = ((hb >> _U32) * d[_NB]) >> _U32
+    else:
+        b = ((hb & _M32) * d[_NB]) >> _U32
+    seed = _at(d[_SEEDS] + b, np.uint8)
+    x = _mix64(key ^ d[_SSEED] ^ ((seed >> _U5) * _GOLDEN))
+    pos = (b << _U2) | ((x >> ((seed & _U31) << _U1)) & _U3)
+    if d[_CELL_BYTES] == _U4:
+        value = _at(d[_CELLS] + pos * _U4, np.uint32)
+    else:
+        value = _at(d[_CELLS] + pos * _U8, np.uint64)
+    if d[_FPS] and value:
+        if d[_FSHIFT] >= _U56:  # up to 8 fingerprint bits: one byte per cell
+            stored = _at(d[_FPS] + pos, np.uint8)
+        else:
+            stored = _at(d[_FPS] + pos * _U2, np.uint16)
+        if stored != _mix64(key ^ d[_FSEED]) >> d[_FSHIFT]:
+            return np.uint64(0)
+    return value
+
+
+@_compiled
+def match_probes(
+    desc: NDArray[np.uint64],
+    n_tables: int,
+    probes: NDArray[np.int64],
+    workers: NDArray[np.int64],
+    lengths: NDArray[np.int64],
+    tiers: NDArray[np.int64],
+    touched: NDArray[np.uint8],
+) -> None:
+    """Probe (key, table id, length) rows in order: a later nonzero field of a worker
+    overwrites an earlier one, so give each table's probes by ascending length.
+
+    ``workers[table, field]`` is the global worker index of a field; ``lengths`` and
+    ``tiers`` (one per worker) and ``touched`` (one per shard) are zeroed first.
+    """
+    lengths[:] = 0
+    tiers[:] = 0
+    touched[:] = 0
+    n_shards = np.uint64(len(desc) // n_tables)
+    for i in range(len(probes)):
+        key = np.uint64(probes[i, 0])
+        table = probes[i, 1]
+        shard = np.int64(_mix64(key ^ _SALT) % n_shards)
+        touched[shard] = 1
+        value = _lookup(desc[shard * n_tables + table], key)
+        field = 0
+        while value:
+            tier = np.int64(value & _U3)
+            if tier:
+                w = workers[table, field]
+                lengths[w] = probes[i, 2]
+                tiers[w] = tier
+            value >>= _U2
+            field += 1
+
+
+def describe(row: NDArray[np.uint64], base: int, g: TableGeometry, layout: ImageLayout) -> None:
+    """Fill one descriptor row for a view image mapped at address ``base``."""
+    row[_SEEDS] = base + layout.seeds
+    row[_CELLS] = base + layout.cells
+    row[_WORDS] = base + layout.words
+    row[_FPS] = base + layout.fingerprints if layout.fingerprint_itemsize else 0
+    row[_CELL_BYTES] = layout.cell_itemsize
+    row[_NB], row[_MA], row[_MB] = g.nb, g.ma, g.mb
+    row[_BSEED], row[_OSEED], row[_SSEED] = g.bucket_seed, g.othello_seed, g.slot_seed
+    row[_FSEED] = g.fingerprint_seed
+    row[_FSHIFT] = 64 - g.fingerprint_bits
+
+
+def table_workers(tables: list[tuple[int, ...]]) -> NDArray[np.int64]:
+    """``workers[table, field]``: each table's field owners, padded with -1."""
+    width = max((len(t) for t in tables), default=0)
+    out = np.full((len(tables), max(width, 1)), -1, dtype=np.int64)
+    for i, members in enumerate(tables):
+        out[i, : len(members)] = members
+    return out
+
+
+def warm_up() -> None:
+    """Compile (first run on a machine, ~2 s) or load the kernel (~0.3 s) now, so that
+    a router's first request does not pay for it."""
+    empty = np.zeros(1, np.int64)
+    match_probes(
+        np.zeros((1, N_COLUMNS), np.uint64),
+        1,
+        np.zeros((0, 3), np.int64),
+        table_workers([(0,)]),
+        empty,
+        empty.copy(),
+        np.zeros(1, np.uint8),
+    )

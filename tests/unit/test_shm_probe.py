@@ -1,0 +1,88 @@
+"""The compiled match of the shared-memory reader against the Python view and decoder."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from kvcompass.index import LudoTable, LudoView
+from kvcompass.index.image import ImageHeader, layout_of
+from kvcompass.shm import probe
+
+
+def _table(value_bits: int, fp_bits: int, seed: int = 3) -> tuple[LudoTable, list[int]]:
+    rng = np.random.default_rng(seed)
+    keys = np.unique(rng.integers(0, 1 << 63, 3000, dtype=np.uint64))
+    # Random 2-bit tier fields (never 3) in every slot of the value width.
+    fields = rng.integers(0, 3, (len(keys), value_bits // 2), dtype=np.uint64)
+    values = (fields << (2 * np.arange(value_bits // 2, dtype=np.uint64))).sum(axis=1)
+    values[values == 0] = 1
+    table = LudoTable.build(
+        keys,
+        values,
+        capacity=4000,
+        value_bits=value_bits,
+        fingerprint_bits=fp_bits,
+        rng=random.Random(seed),
+    )
+    return table, keys.tolist()
+
+
+def _described(image: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """A writable copy of ``image`` and its one-row descriptor table (the copy must
+    outlive every kernel call: the descriptor holds its address)."""
+    buf = np.frombuffer(bytearray(image), np.uint8)
+    header = ImageHeader.unpack(image)
+    desc = np.zeros((1, probe.N_COLUMNS), np.uint64)
+    probe.describe(desc[0], buf.ctypes.data, header.geometry, layout_of(header.geometry))
+    return buf, desc
+
+
+@pytest.mark.parametrize("value_bits", [32, 64])
+@pytest.mark.parametrize("fp_bits", [0, 5, 8, 16])
+def test_compiled_lookup_equals_the_view_bit_for_bit(value_bits: int, fp_bits: int) -> None:
+    """Inserted keys and never-inserted ones: with no (or few) fingerprint bits the
+    false hits must be the view's false hits, which only an exact copy of every hash,
+    seed and offset reproduces."""
+    table, keys = _table(value_bits, fp_bits)
+    image = table.view_image()
+    view = LudoView(image)
+    _buf, desc = _described(image)
+    aliens = np.random.default_rng(9).integers(0, 1 << 63, 3000, dtype=np.uint64).tolist()
+    got = [int(probe._lookup(desc[0], np.uint64(k))) for k in keys + aliens]
+    want = [view.lookup(k) for k in keys + aliens]
+    assert got == want
+    assert got[: len(keys)] == [table.get(k) for k in keys]
+    if fp_bits <= 5:  # aliens do hit: the comparison above covered the false-hit path
+        assert any(got[len(keys) :])
+
+
+def test_match_probes_decodes_like_the_python_decoder() -> None:
+    """One 64-bit table whose 32 fields belong to scattered workers: each worker gets
+    the length of its last probe with a nonzero field, and that field's tier."""
+    table, keys = _table(64, 16)
+    _buf, desc = _described(table.view_image())
+    owners = random.Random(4).sample(range(100), 32)
+    workers = probe.table_workers([tuple(owners)])
+    picked = keys[:40]
+    probes = np.array([(k, 0, 16 * (i + 1)) for i, k in enumerate(picked)], np.int64)
+    lengths, tiers = np.zeros(100, np.int64), np.zeros(100, np.int64)
+    touched = np.zeros(1, np.uint8)
+    probe.match_probes(desc, 1, probes, workers, lengths, tiers, touched)
+    want_lengths, want_tiers = [0] * 100, [0] * 100
+    for i, key in enumerate(picked):
+        value = table.get(key)
+        for field in range(32):
+            tier = (value >> (2 * field)) & 3
+            if tier:
+                want_lengths[owners[field]] = 16 * (i + 1)
+                want_tiers[owners[field]] = tier
+    assert lengths.tolist() == want_lengths
+    assert tiers.tolist() == want_tiers
+    assert touched.tolist() == [1]
+
+
+def test_table_workers_pads_short_tables() -> None:
+    assert probe.table_workers([(3, 4), (7,)]).tolist() == [[3, 4], [7, -1]]
