@@ -11,6 +11,7 @@ from pathlib import Path
 
 from kvcompass.services.edge.settings import EdgeSettings
 from kvcompass.services.maintenance.settings import MaintenanceSettings
+from kvcompass.services.router.settings import RouterSettings
 from kvcompass.services.wanproxy.settings import WanProxySettings
 from kvcompass.services.worker.settings import WorkerSettings
 from kvcompass.settings import EnvSettings
@@ -38,6 +39,7 @@ def main() -> None:
         ("maintenance/README.md", MaintenanceSettings),
         ("edge/README.md", EdgeSettings),
         ("worker/README.md", WorkerSettings),
+        ("router/README.md", RouterSettings),
         ("wanproxy/README.md", WanProxySettings),
     ):
         path = services / readme

@@ -9,14 +9,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import numpy as np
+import orjson
 import structlog
+from numpy.typing import NDArray
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -152,11 +153,11 @@ class RouterApp:
         return tenant, parse(body, model.name, model.context_tokens, self.tokenizer)
 
     def _decide(
-        self, tenant: str, request_id: str, tokens: list[int], explain: bool = False
+        self, tenant: str, request_id: str, tokens: NDArray[np.uint32], explain: bool = False
     ) -> tuple[Decision, float]:
         route = RouteRequest(
             request_id=request_id,
-            tokens=np.asarray(tokens, dtype=np.uint32),
+            tokens=tokens,
             origin_region=self.region,
             namespace=Namespace(self.topology.model.name, tenant),
         )
@@ -275,7 +276,7 @@ class RouterApp:
                 "request_id": request_id,
             },
         }
-        return json.dumps(body, separators=(",", ":")).encode()
+        return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
 
     def _headers(self, target: Decision, request_id: str) -> dict[str, str]:
         return {
@@ -292,8 +293,8 @@ class RouterApp:
         if reply.status != 200:  # the worker refused the request: the client's problem
             return Response(reply.body, reply.status, headers, reply.content_type)
         try:
-            answer = json.loads(reply.body)
-        except ValueError:
+            answer = orjson.loads(reply.body)
+        except orjson.JSONDecodeError:
             raise UpstreamFailed(
                 target.worker_id, "answered 200 with a body that is not JSON", reachable=True
             ) from None
@@ -320,12 +321,11 @@ class RouterApp:
                         continue
                     chunk: dict[str, Any] | None = None
                     if b'"kvc"' in data:  # the last chunk: fold its report in
-                        chunk = json.loads(data)
+                        chunk = orjson.loads(data)
                         self._observe(target, chunk)
                     if chat:
-                        chunk = chunk if chunk is not None else json.loads(data)
-                        out = json.dumps(chat_chunk(chunk, first), separators=(",", ":"))
-                        event = b"data: " + out.encode() + b"\n\n"
+                        chunk = chunk if chunk is not None else orjson.loads(data)
+                        event = b"data: " + orjson.dumps(chat_chunk(chunk, first)) + b"\n\n"
                     first = False
                     yield event  # completions: unchanged
             except (TimeoutError, OSError, ValueError) as exc:
@@ -368,12 +368,12 @@ class RouterApp:
             self._log.warning("bad_piggybacked_queues", queues=str(raw)[:200])
             return None
 
-    def _migrate(self, decision: Decision, tokens: list[int], tenant: str) -> None:
+    def _migrate(self, decision: Decision, tokens: NDArray[np.uint32], tenant: str) -> None:
         """Send a migration order to its target; fire and forget (failures are logged)."""
         order = decision.migration
         assert order is not None
         body = {
-            "prompt": tokens[: order.prefix_tokens],
+            "prompt": tokens[: order.prefix_tokens].tolist(),
             "namespace": tenant,
             "mode": order.mode,
             **({} if order.source_worker is None else {"source": self._ids[order.source_worker]}),
@@ -381,9 +381,7 @@ class RouterApp:
 
         async def send() -> None:
             try:
-                await self.upstream.post(
-                    order.target_worker, "/v1/migrate", json.dumps(body).encode()
-                )
+                await self.upstream.post(order.target_worker, "/v1/migrate", orjson.dumps(body))
             except UpstreamFailed as exc:
                 self._log.warning("migration_failed", error=str(exc))
 

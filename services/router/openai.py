@@ -12,9 +12,12 @@ forward) or raises :class:`ApiError`, which the app renders as
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+import orjson
+from numpy.typing import NDArray
 
 from kvcompass.services.router.tokenizer import ChatMessage, Tokenizer, chat_prompt
 
@@ -58,7 +61,7 @@ class ApiError(Exception):
 class CompletionRequest:
     """A parsed request: the prompt's token ids and what the worker gets besides."""
 
-    tokens: list[int]
+    tokens: NDArray[np.uint32]
     max_tokens: int
     stream: bool
     chat: bool
@@ -67,8 +70,8 @@ class CompletionRequest:
 
 def parse_json(raw: bytes) -> dict[str, Any]:
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
         raise ApiError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object", code="invalid_json")
@@ -111,17 +114,24 @@ def _common(
     return max_tokens, stream, extra
 
 
-def _checked_ids(prompt: list[Any]) -> list[int]:
-    for i, t in enumerate(prompt):
+def _checked_ids(prompt: list[Any]) -> NDArray[np.uint32]:
+    # The common case in C: only ints, all in range (a 1K-token prompt in ~50 µs).
+    if prompt and set(map(type, prompt)) == {int}:
+        ids = np.asarray(prompt)
+        if ids.dtype == np.int64 and ids.min() >= 0 and ids.max() < _U32:
+            return ids.astype(np.uint32)
+    if any(isinstance(p, str | list) for p in prompt):
+        raise _bad("batched prompts are not supported: send one per request", "prompt")
+    for i, t in enumerate(prompt):  # find the culprit for the message
         if not isinstance(t, int) or isinstance(t, bool):
             raise _bad(f"prompt[{i}] is {type(t).__name__}, not a token id", "prompt")
         if not 0 <= t < _U32:
             raise _bad(f"prompt[{i}] = {t} is not a token id (0..2^32-1)", "prompt", 422)
-    return prompt
+    return np.asarray(prompt, dtype=np.uint32)
 
 
-def _sized(tokens: list[int], context_tokens: int, param: str) -> list[int]:
-    if not tokens:
+def _sized(tokens: NDArray[np.uint32], context_tokens: int, param: str) -> NDArray[np.uint32]:
+    if not len(tokens):
         raise _bad("the prompt is empty", param, code="empty_prompt")
     if len(tokens) > context_tokens:
         raise _bad(
@@ -143,10 +153,8 @@ def parse_completion(
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        tokens = tokenizer.encode(prompt)
+        tokens = np.asarray(tokenizer.encode(prompt), dtype=np.uint32)
     elif isinstance(prompt, list):
-        if any(isinstance(p, str | list) for p in prompt):
-            raise _bad("batched prompts are not supported: send one per request", "prompt")
         tokens = _checked_ids(prompt)
     else:
         raise _bad("'prompt' is required: a string or a list of token ids", "prompt")
@@ -176,7 +184,8 @@ def parse_chat(
 ) -> CompletionRequest:
     """``POST /v1/chat/completions``: ``messages`` rendered by :func:`chat_prompt`."""
     max_tokens, stream, extra = _common(body, model, context_tokens)
-    tokens = tokenizer.encode(chat_prompt(_messages(body.get("messages"))))
+    text = chat_prompt(_messages(body.get("messages")))
+    tokens = np.asarray(tokenizer.encode(text), dtype=np.uint32)
     return CompletionRequest(
         _sized(tokens, context_tokens, "messages"), max_tokens, stream, True, extra
     )

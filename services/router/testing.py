@@ -30,7 +30,8 @@ __all__ = ["StubWorker", "serve_in_thread"]
 
 @dataclass
 class StubWorker:
-    """One worker's stand-in. ``mode``: "ok", "fail" (500) or "reject" (400).
+    """One worker's stand-in. ``mode``: "ok", "fail" (500) or "reject" (400); every
+    answer starts after ``delay_s``.
 
     ``gate``: when set, a stream sends its first token, then waits for the gate before
     each further one (tests see the tokens arrive one by one). ``requests`` keeps every
@@ -43,10 +44,21 @@ class StubWorker:
     reused_tokens: int = 0
     queue_ms: dict[str, float] = field(default_factory=dict)
     gate: threading.Semaphore | None = None
+    delay_s: float = 0.0
     requests: list[dict[str, Any]] = field(default_factory=list)
+    migrations: list[dict[str, Any]] = field(default_factory=list)
 
     def app(self) -> Starlette:
-        return Starlette(routes=[Route("/v1/completions", self._complete, methods=["POST"])])
+        return Starlette(
+            routes=[
+                Route("/v1/completions", self._complete, methods=["POST"]),
+                Route("/v1/migrate", self._migrate, methods=["POST"]),
+            ]
+        )
+
+    async def _migrate(self, request: Request) -> Response:
+        self.migrations.append(json.loads(await request.body()))
+        return JSONResponse({"accepted": True}, status_code=202)
 
     def _kvc(self) -> dict[str, Any]:
         return {
@@ -66,6 +78,8 @@ class StubWorker:
     async def _complete(self, request: Request) -> Response:
         body = json.loads(await request.body())
         self.requests.append(body)
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
         if self.mode == "fail":
             return JSONResponse({"error": {"message": "stub failure"}}, status_code=500)
         if self.mode == "reject":

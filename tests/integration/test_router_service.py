@@ -5,6 +5,8 @@ apart, and stops cleanly on SIGTERM."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +17,7 @@ import pytest
 
 from kvcompass.loadgen.testing import LocalCluster, poll_until
 from kvcompass.services.infra import RunningInfra
-from kvcompass.services.router.testing import free_port
+from kvcompass.services.router.testing import StubWorker, free_port, serve_in_thread
 from kvcompass.topology import load_builtin
 
 pytestmark = pytest.mark.integration
@@ -105,6 +107,83 @@ def test_the_router_process_forwards_claims_and_reuses_across_the_real_pipeline(
     assert all(c["matched_tokens"] == 0 for c in other["candidates"])
     assert post("/v1/completions", key="nope").status_code == 401
 
+    # A stream from the emulated worker, through the router: one event per token.
+    streamed = httpx.post(
+        url + "/v1/completions",
+        json={**body, "max_tokens": 3, "stream": True},
+        headers={"authorization": "Bearer ka"},
+        timeout=30,
+    )
+    events = [line for line in streamed.text.splitlines() if line.startswith("data: ")]
+    assert len(events) == 4, streamed.text
+    assert events[-1] == "data: [DONE]"
+    assert '"kvc"' in events[-2]
+
     metrics = httpx.get(url + "/metrics").text
-    assert 'kvc_router_requests_total{endpoint="completions",status="200"} 2.0' in metrics
+    assert 'kvc_router_requests_total{endpoint="completions",status="200"} 3.0' in metrics
     assert cluster.stop(router) == 0
+
+
+def test_router_processes_share_one_port_and_stop_together(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    with contextlib.ExitStack() as stack:
+        stub = StubWorker("us-0", "us")
+        stub_url = stack.enter_context(serve_in_thread(stub.app()))
+        endpoints = ",".join(f"{w.id}={stub_url}" for w in TOPOLOGY.workers)
+        port = free_port()
+        router = cluster.start(
+            "router", "router", KVC_REGION="us", KVC_ROUTER_PORT=str(port),
+            KVC_WORKER_ENDPOINTS=endpoints, KVC_ROUTER_PROCESSES="3",
+        )  # fmt: skip
+        children = Path(f"/proc/{router.pid}/task/{router.pid}/children")
+        pids = poll_until(
+            lambda: [int(p) for p in children.read_text().split()] or None, 30, "children"
+        )
+        assert len(pids) == 2
+
+        url = f"http://127.0.0.1:{port}/v1/completions"
+        body = {"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 1}
+
+        def all_serving() -> bool:
+            # New connections are spread by the kernel; each process counts its own.
+            for _ in range(30):
+                with httpx.Client() as client:
+                    assert client.post(url, json=body, timeout=10).status_code == 200
+            return len(stub.requests) >= 30
+
+        def three_listeners() -> set[str] | None:
+            found = _listeners(port)
+            return found if len(found) == 3 else None
+
+        listening = poll_until(three_listeners, 60, "three processes listening on the port")
+        poll_until(all_serving, 60, "requests served through the shared port")
+        for pid in [router.pid, *pids]:
+            assert _sockets(pid) & listening, f"process {pid} does not listen on {port}"
+        assert cluster.stop(router) == 0
+        for pid in pids:
+            assert (
+                not Path(f"/proc/{pid}").exists()
+                or "zombie" in Path(f"/proc/{pid}/status").read_text()
+            ), f"child {pid} outlived the router"
+
+
+def _listeners(port: int) -> set[str]:
+    """Inodes of the sockets listening on ``port`` (/proc/net/tcp, state 0A)."""
+    inodes = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].split(":")[1], 16) == port and fields[3] == "0A":
+            inodes.add(fields[9])
+    return inodes
+
+
+def _sockets(pid: int) -> set[str]:
+    """Socket inodes of ``pid``'s open files."""
+    out = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                out.add(target[8:-1])
+    return out

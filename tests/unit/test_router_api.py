@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -15,12 +16,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kvcompass.index.layout import Tier
+from kvcompass.loadgen.testing import poll_until
 from kvcompass.services.health import Health
 from kvcompass.services.router.app import RouterApp
 from kvcompass.services.router.policy import (
     Candidate,
     Decision,
     Feedback,
+    MigrationOrder,
     RegionQueues,
     RouteRequest,
 )
@@ -35,6 +38,7 @@ MODEL = TOPOLOGY.model.name
 CONTEXT = TOPOLOGY.model.context_tokens
 ID = {w.id: w.index for w in TOPOLOGY.workers}
 KEYS = "key-a=tenant_a,key-b=tenant_b"
+TIMEOUT_S = 1.0  # the router's upstream timeouts in these tests
 
 
 @dataclass
@@ -45,6 +49,7 @@ class StandInPolicy:
     topology: Topology
     order: list[int]
     name: str = "stand-in"
+    migration: MigrationOrder | None = None
     requests: list[RouteRequest] = field(default_factory=list)
     observed: list[Feedback] = field(default_factory=list)
     forwards: list[tuple[int, float]] = field(default_factory=list)
@@ -67,7 +72,7 @@ class StandInPolicy:
         return Decision(
             worker=best.index, worker_id=best.id, region=best.region, reason="stand-in",
             claimed_tokens=claimed, lam=1.0, candidates=candidates,
-            fallbacks=tuple(self.order[1:]),
+            fallbacks=tuple(self.order[1:]), migration=self.migration,
         )  # fmt: skip
 
     def observe(self, feedback: Feedback) -> None:
@@ -110,6 +115,7 @@ class Edges:
     def __call__(
         self, order: list[str], *, modes: dict[str, str] | None = None, keys: str = KEYS,
         reused: int = 0, gate: threading.Semaphore | None = None, dead: tuple[str, ...] = (),
+        slow: tuple[str, ...] = (),
     ) -> Edge:  # fmt: skip
         """Stubs for every worker of ``order`` except ``dead`` ones (a port nobody
         listens on); the policy picks ``order[0]`` then falls back to ``order[1]``."""
@@ -120,7 +126,7 @@ class Edges:
                 continue
             w = TOPOLOGY.workers[ID[wid]]
             stub = StubWorker(wid, w.region, (modes or {}).get(wid, "ok"), reused,
-                              {wid: 12.5}, gate)  # fmt: skip
+                              {wid: 12.5}, gate, 3 * TIMEOUT_S if wid in slow else 0.0)  # fmt: skip
             stubs[wid] = stub
             urls[ID[wid]] = self._stack.enter_context(serve_in_thread(stub.app()))
         policy = StandInPolicy(TOPOLOGY, [ID[w] for w in order])
@@ -128,8 +134,8 @@ class Edges:
         router = RouterApp(
             topology=TOPOLOGY, region="us", policy=policy,
             upstream=Upstream(urls, {w.index: w.id for w in TOPOLOGY.workers},
-                              connect_timeout_s=1.0, request_timeout_s=5.0,
-                              stream_idle_timeout_s=5.0),
+                              connect_timeout_s=1.0, request_timeout_s=TIMEOUT_S,
+                              stream_idle_timeout_s=TIMEOUT_S),
             tenancy=Tenancy(keys), tokenizer=ByteTokenizer(), health=Health(),
             registry=registry, views_ready=lambda: (True, ""), max_body_bytes=1 << 20,
         )  # fmt: skip
@@ -210,6 +216,22 @@ def test_chat_messages_use_the_template_and_answer_as_chat_completions(edges: Ed
     assert edge.stubs["us-0"].requests[0]["prompt"] == want
 
 
+def test_a_migration_order_is_sent_to_its_target(edges: Edges) -> None:
+    edge = edges(["us-0", "us-1", "eu-0"])
+    edge.policy.migration = MigrationOrder(16, ID["us-1"], ID["us-0"], "copy")
+    assert edge.post("/v1/completions", completion(), key="key-b").status_code == 200
+    poll_until(lambda: edge.stubs["us-1"].migrations, 10, "the migration order")
+    assert edge.stubs["us-1"].migrations == [
+        {"prompt": list(range(16)), "namespace": "tenant_b", "mode": "copy", "source": "us-0"}
+    ]
+    edge.policy.migration = MigrationOrder(8, ID["eu-0"], None, "recompute")
+    assert edge.post("/v1/completions", completion()).status_code == 200
+    poll_until(lambda: edge.stubs["eu-0"].migrations, 10, "the cross-region order")
+    assert edge.stubs["eu-0"].migrations == [
+        {"prompt": list(range(8)), "namespace": "tenant_a", "mode": "recompute"}
+    ]
+
+
 # -- streaming -------------------------------------------------------------------------
 
 
@@ -285,6 +307,26 @@ def test_unreachable_workers_give_503(edges: Edges) -> None:
     assert r.status_code == 503
     assert "no worker could be reached" in r.json()["error"]["message"]
     assert edge.policy.failures == [ID["us-0"], ID["us-1"]]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_hanging_worker_times_out_and_is_routed_around(edges: Edges, stream: bool) -> None:
+    edge = edges(["us-0", "us-1"], slow=("us-0",))
+    t0 = time.monotonic()
+    r = edge.post("/v1/completions", completion(stream=stream))
+    assert r.status_code == 200
+    assert r.headers["x-kvc-worker"] == "us-1"
+    assert time.monotonic() - t0 < TIMEOUT_S + 2
+    assert edge.policy.failures == [ID["us-0"]]
+
+
+def test_hanging_workers_give_503_within_the_timeouts(edges: Edges) -> None:
+    edge = edges(["us-0", "us-1"], slow=("us-0", "us-1"))
+    t0 = time.monotonic()
+    r = edge.post("/v1/completions", completion())
+    assert r.status_code == 503
+    assert "timed out" in r.json()["error"]["message"]
+    assert time.monotonic() - t0 < 2 * TIMEOUT_S + 2
 
 
 def test_an_unreachable_worker_is_routed_around(edges: Edges) -> None:

@@ -10,6 +10,7 @@ import pytest
 from kvcompass.services.edge.settings import EdgeSettings
 from kvcompass.services.maintenance.settings import MaintenanceSettings
 from kvcompass.services.readme import settings_table
+from kvcompass.services.router.settings import RouterSettings
 from kvcompass.services.wanproxy.settings import WanProxySettings
 from kvcompass.services.worker.settings import WorkerSettings
 from kvcompass.settings import EnvSettings
@@ -22,6 +23,7 @@ SERVICES = Path(__file__).resolve().parents[2] / "services"
     [
         ("maintenance/README.md", MaintenanceSettings),
         ("edge/README.md", EdgeSettings),
+        ("router/README.md", RouterSettings),
         ("worker/README.md", WorkerSettings),
         ("wanproxy/README.md", WanProxySettings),
     ],
