@@ -455,7 +455,8 @@ def test_route_answers_the_decision_with_every_candidates_terms(edges: Edges) ->
     assert d["fallbacks"] == ["us-3"]
     assert [c["worker"] for c in d["candidates"]] == ["asia-1", "us-3"]
     assert d["candidates"][1] == {
-        "worker": "us-3", "index": ID["us-3"], "region": "us", "score_ms": 11.0, "wan_ms": 0.0,
+        "worker": "us-3", "index": ID["us-3"], "region": "us", "down": False, "score_ms": 11.0,
+        "wan_ms": 0.0,
         "queue_ms": 2.0, "prefill_ms": 4.0, "reload_ms": 0.0, "matched_tokens": 20,
         "tier": "vram", "belief": 0.5,
     }  # fmt: skip
