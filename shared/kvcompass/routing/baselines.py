@@ -10,11 +10,17 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from kvcompass.errors import BadInput
 from kvcompass.index.layout import Tier
 from kvcompass.pipeline.clock import Clock
 from kvcompass.routing.config import RoutingConfig
-from kvcompass.routing.policy import Candidate, Decision, Feedback, RegionQueues, RouteRequest
+from kvcompass.routing.policy import (
+    Candidate,
+    Decision,
+    Feedback,
+    RegionQueues,
+    RouteRequest,
+    prompt_length,
+)
 from kvcompass.routing.queues import QueueEstimates
 from kvcompass.topology import Topology
 
@@ -39,14 +45,7 @@ class _Baseline:
         raise NotImplementedError
 
     def decide(self, request: RouteRequest, explain: bool = False) -> Decision:
-        if request.origin_region != self.origin_region:
-            raise BadInput(
-                f"request from region {request.origin_region!r} at the "
-                f"{self.origin_region!r} edge's policy"
-            )
-        prompt = len(request.tokens)
-        if prompt == 0:
-            raise BadInput("empty prompt")
+        prompt = prompt_length(request, self.origin_region)
         count = len(self._wan) if explain else self._top
         order = list(self._order(count))[:count]
         best = order[0]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from kvcompass.errors import BadInput
 from kvcompass.index.discovery import QueryPlanner
 from kvcompass.index.reader import IndexNotReady, IndexReader
 from kvcompass.keys import Namespace
@@ -13,7 +12,7 @@ from kvcompass.pipeline.clock import Clock
 from kvcompass.routing.belief import CacheBelief
 from kvcompass.routing.config import RoutingConfig
 from kvcompass.routing.migration import HotPrefixTracker, MigrationOrder, MigrationPlanner
-from kvcompass.routing.policy import Decision, Feedback, RegionQueues, RouteRequest
+from kvcompass.routing.policy import Decision, Feedback, RegionQueues, RouteRequest, prompt_length
 from kvcompass.routing.queues import QueueEstimates
 from kvcompass.routing.score import JointScore
 from kvcompass.topology import Topology
@@ -78,14 +77,7 @@ class KVCompassPolicy:
         return planner
 
     def decide(self, request: RouteRequest, explain: bool = False) -> Decision:
-        if request.origin_region != self.origin_region:
-            raise BadInput(
-                f"request from region {request.origin_region!r} at the "
-                f"{self.origin_region!r} edge's policy"
-            )
-        prompt = len(request.tokens)
-        if prompt == 0:
-            raise BadInput("empty prompt")
+        prompt = prompt_length(request, self.origin_region)
         query = self._planner(request.namespace).query(request.tokens)
         indexed = True
         lengths: Sequence[int]

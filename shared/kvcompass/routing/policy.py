@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
+from kvcompass.errors import BadInput
 from kvcompass.index.layout import Tier
 from kvcompass.keys import Namespace, TokenIds
 from kvcompass.routing.migration import MigrationOrder
@@ -25,6 +26,7 @@ __all__ = [
     "RegionQueues",
     "RouteRequest",
     "RoutingPolicy",
+    "prompt_length",
 ]
 
 
@@ -169,3 +171,14 @@ class RoutingPolicy(Protocol):
     def on_failure(self, worker: int) -> None:
         """The worker was unreachable or answered 5xx."""
         ...
+
+
+def prompt_length(request: RouteRequest, edge_region: str) -> int:
+    """The prompt's token count, refusing a request this edge's policy cannot serve."""
+    if request.origin_region != edge_region:
+        raise BadInput(
+            f"request from region {request.origin_region!r} at the {edge_region!r} edge's policy"
+        )
+    if len(request.tokens) == 0:
+        raise BadInput("empty prompt")
+    return len(request.tokens)
