@@ -38,11 +38,13 @@ import multiprocessing as mp
 import os
 import pstats
 import random
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -274,6 +276,11 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=None, help="timed prompts per case")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile", action="store_true", help="cProfile the decision path")
+    parser.add_argument(
+        "--proxy",
+        action="store_true",
+        help="also run bench/router_proxy.py (proxy overhead, router req/s) into this JSON",
+    )
     args = parser.parse_args()
     n_prompts = args.prompts or (400 if args.quick else 2000)
     t_start = time.perf_counter()
@@ -337,6 +344,22 @@ def main() -> None:
         "decision_p50<=50us": head["decision_p50_us"] <= TARGET_P50_US,
         "decision_p50<=paper_20.6us": head["decision_p50_us"] <= PAPER_DECISION_US,
     }
+    if args.proxy:
+        # Its own processes (router, stub worker): a subprocess keeps them apart from ours.
+        proxy = subprocess.run(
+            [sys.executable, str(Path(__file__).with_name("router_proxy.py"))]
+            + (["--quick"] if args.quick else []),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        measured = json.loads(proxy.stdout)
+        result["proxy"] = measured
+        result["proxy_overhead_p50_ms"] = measured.get("proxy_overhead_p50_ms")
+        result["router_requests_per_s"] = measured.get("router_requests_per_s")
+        result["targets_met"]["proxy_overhead_p50<=2ms"] = (
+            measured.get("proxy_overhead_p50_ms", float("inf")) <= 2.0
+        )
     result["load_average_after"] = round(os.getloadavg()[0], 2)
     result["elapsed_s"] = round(time.perf_counter() - t_start, 1)
     print(json.dumps(result, indent=2))
