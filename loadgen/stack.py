@@ -229,8 +229,8 @@ class LocalStack:
                 "KVC_LOG_JSON": "true",
             }
         )
-        env.update(self.config.extra_env)
         env.update(extra)
+        env.update(self.config.extra_env)  # the operator's overrides win
         return env
 
     def _service(

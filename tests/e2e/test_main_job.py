@@ -119,12 +119,17 @@ def test_a_component_that_cannot_start_is_named_and_nothing_is_left(tmp_path: Pa
         extra_env={"KVC_EVICTION_POLICY": "newest-first"},
     )
     stack = LocalStack(config)
-    with pytest.raises(ComponentFailed) as failed:
-        stack.start()
+    try:
+        with pytest.raises(ComponentFailed) as failed:
+            stack.start()
+        # start() cleaned up after itself: servers stopped, no views left.
+        assert stack.infra is None
+        assert not list(Path("/dev/shm").glob(f"kvc{stack.tag}*"))
+        assert not _children_of_stack(tmp_path)
+    finally:
+        stack.stop()
     assert failed.value.component.startswith("workers-")
     assert "KVC_EVICTION_POLICY" in str(failed.value)
-    assert stack.infra is None
-    assert not list(Path("/dev/shm").glob(f"kvc{stack.tag}*"))
 
 
 def test_index_demo_builds_and_reports_a_correct_index() -> None:
