@@ -41,6 +41,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
         api_keys=KEYS,
         ready_timeout_s=90.0,
         separate_workers=("us-7",),
+        # A busy CI machine can deliver queue vectors more than the default 1 s late;
+        # dropped as stale, the routers would never see a holder's queue.
+        extra_env={"KVC_QUEUE_MAX_AGE_S": "5"},
     )
     stack = LocalStack(config)
     stack.start()
