@@ -1,7 +1,7 @@
 """Typed, frozen settings read from ``KVC_*`` environment variables: the machinery.
 
-A process declares one frozen dataclass (the services' bases live in
-``kvcompass.services.settings``) and reads it once, at start::
+A process declares one frozen dataclass (a subclass of :class:`EnvSettings`, usually via
+its own layer's shared bases) and reads it once, at start::
 
     @dataclass(frozen=True, kw_only=True)
     class MaintSettings(EnvSettings):
