@@ -37,7 +37,7 @@ from kvcompass.services.wanproxy import worker_endpoints_setting
 from kvcompass.shm import remove_segments
 from kvcompass.topology import Topology
 
-__all__ = ["ComponentFailed", "LocalStack", "StackConfig"]
+__all__ = ["ComponentFailed", "LocalStack", "StackConfig", "read_metric"]
 
 _POLL_S = 0.05
 _PORT_FLOOR = 20_000  # stack ports come from [20000, start of the ephemeral range)
@@ -251,7 +251,7 @@ class LocalStack:
 
     def _mu(self) -> _Component:
         def owns_all(port: int) -> bool:
-            owned = _metric(port, "kvc_mu_owned_shards")
+            owned = read_metric(port, "kvc_mu_owned_shards")
             return owned is not None and owned >= self.config.shards
 
         return self._service("mu", "mu", owns_all)
@@ -399,15 +399,9 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999  # Linux's default
 
 
-def _ready(port: int, path: str = "/readyz") -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as reply:
-            return bool(reply.status == 200)
-    except (OSError, urllib.error.HTTPError):
-        return False
-
-
-def _metric(port: int, name: str) -> float | None:
+def read_metric(port: int, name: str) -> float | None:
+    """The value of an unlabelled sample on ``127.0.0.1:port/metrics``; None while the
+    endpoint does not answer or lacks the sample."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as reply:
             text = reply.read().decode()
@@ -418,6 +412,14 @@ def _metric(port: int, name: str) -> float | None:
         if sample == name:
             return float(value)
     return None
+
+
+def _ready(port: int, path: str = "/readyz") -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as reply:
+            return bool(reply.status == 200)
+    except (OSError, urllib.error.HTTPError):
+        return False
 
 
 @contextmanager

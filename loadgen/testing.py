@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from kvcompass.loadgen.stack import read_metric
 from kvcompass.services.infra import TopicSpec, create_topics
 from kvcompass.services.kafka import KafkaLog
 from kvcompass.services.snapstore import SnapshotStore
@@ -186,16 +187,7 @@ class LocalCluster:
 
     def metric(self, name: str, metric: str) -> float | None:
         """The value of an unlabelled sample of the named service's ``/metrics``."""
-        try:
-            with urllib.request.urlopen(self._url(name, "/metrics"), timeout=2) as reply:
-                text = reply.read().decode()
-        except OSError:
-            return None
-        for line in text.splitlines():
-            sample, _, value = line.partition(" ")
-            if sample == metric:
-                return float(value)
-        return None
+        return read_metric(self.status_ports[name], metric)
 
     def wait_assigned(self, *names: str, timeout: float = 60.0) -> None:
         """Until the named MUs together own every shard, each at least one (their
