@@ -56,6 +56,7 @@ def decision_json(
         "claimed_tokens": decision.claimed_tokens,
         "lambda": _ms(decision.lam),
         "decide_us": decide_us,
+        "lookup_ms": _ms(decision.lookup_ms),
         "fallbacks": [topology.workers[i].id for i in decision.fallbacks],
         "migration": None
         if migration is None

@@ -88,7 +88,10 @@ class Decision:
     ``candidates`` is ranked best first: every worker when the policy was asked to
     explain, else the chosen one and the fallbacks (a retry needs their claims; building
     all of them would cost more than the score). ``fallbacks`` are the next-best
-    workers, for one retry.
+    workers, for one retry. ``lookup_ms`` is the time the policy's own discovery costs
+    before the request can leave the edge (a DHT's hops, a central directory's round
+    trip); 0 for a policy that reads a local index. The simulator adds it to the request's
+    time to first token and the live router waits it out, so both pay it.
     """
 
     worker: int
@@ -100,6 +103,7 @@ class Decision:
     candidates: tuple[Candidate, ...]
     fallbacks: tuple[int, ...]
     migration: MigrationOrder | None = None
+    lookup_ms: float = 0.0
 
     @property
     def expected_service_ms(self) -> float:
@@ -119,6 +123,7 @@ class Decision:
             "lambda": self.lam,
             "fallbacks": list(self.fallbacks),
             "migration": None if self.migration is None else self.migration.as_dict(),
+            "lookup_ms": self.lookup_ms,
             "candidates": [c.as_dict() for c in self.candidates],
         }
 
