@@ -53,6 +53,7 @@ def test_oracle_picks_the_exact_least_loaded_worker_of_the_pool() -> None:
             p.on_queues(queues(region.name, seq, **wrong))
         d = p.decide(request(tokens(100), origin="au"))
         assert d.worker == min(world.ms, key=world.ms.__getitem__)
+        assert d.candidates[0].queue_ms == world.ms[d.worker]  # explains what it went by
         assert d.lookup_ms == 0.0
 
 
