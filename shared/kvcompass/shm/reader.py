@@ -7,7 +7,6 @@ import contextlib
 import itertools
 import math
 import time
-from array import array
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Final, TypeVar
@@ -398,7 +397,7 @@ class SharedIndexReader:
         if self._layout is None:
             raise ConfigError("SharedIndexReader needs the index layout to match queries")
         att = self._att if time.monotonic() < self._alive_until else self._live()
-        flat = array("q")  # (key, table id, length) rows; keys are 63-bit, so int64
+        flat: list[int] = []  # (key, table id, length) rows; keys are 63-bit, so int64
         extend = flat.extend
         region_tables = self._region_tables
         for region, pairs in query.per_region.items():
@@ -408,7 +407,7 @@ class SharedIndexReader:
             for table in tables:
                 for length, key in pairs:
                     extend((key, table, length))
-        probes = np.frombuffer(flat, np.int64).reshape(-1, 3)
+        probes = np.array(flat, dtype=np.int64).reshape(-1, 3)
         att.match_probes(probes, self._workers, (self._lengths, self._tiers))
         return Match(self._lengths.tolist(), self._tiers.tolist())
 
