@@ -184,6 +184,7 @@ class PrefixHasher:
         self.key_hash = KeyHash(key_hash)
         self._prefix = namespace.key_prefix(self.key_hash)
         self._longest = self.lengths[-1] if self.lengths else 0
+        self._ends = tuple(c * _TOKEN_BYTES for c in self.lengths)
         self._new, self._digest, self._keys_of = _HASHES[self.key_hash]
 
     def keys(self, tokens: TokenIds) -> dict[int, int]:
@@ -192,18 +193,20 @@ class PrefixHasher:
         Lengths beyond the prompt are skipped (the prompt has no such prefix). The result
         is ordered by ascending length.
         """
-        data = memoryview(_token_bytes(tokens, self._longest))
+        data = _token_bytes(tokens, self._longest)
+        if type(data) is not memoryview:
+            data = memoryview(data)
         n_bytes = len(data)
         h = self._new(self._prefix)
         update, digest = h.update, getattr(h, self._digest)
-        digests = []
+        digests: list[Any] = []
+        append = digests.append
         done = 0
-        for c in self.lengths:
-            end = c * _TOKEN_BYTES
+        for end in self._ends:
             if end > n_bytes:
                 break
             update(data[done:end])
-            digests.append(digest())
+            append(digest())
             done = end
         return dict(zip(self.lengths, self._keys_of(digests), strict=False))
 

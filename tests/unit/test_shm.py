@@ -442,6 +442,42 @@ def test_readers_see_a_closing_writer_gone_before_its_segments_are(
         assert not any(ready_at_unlink)
 
 
+def test_match_trusts_the_writers_liveness_for_the_ttl_only(prefix: str) -> None:
+    """match asks the kernel whether the writer lives at most once per liveness TTL: a
+    writer gone within it may still answer (its last state), never after it; a call that
+    always asks (ready) and finds the writer gone ends that trust at once."""
+    states = TwoStates.make()
+    query = states.queries[0]
+    writer = states.writer(prefix, 0)
+    with contextlib.ExitStack() as stack:
+        stack.callback(writer.close)
+        trusting = stack.enter_context(
+            SharedIndexReader(prefix, states.layout, liveness_ttl_s=3600.0)
+        )
+        expiring = stack.enter_context(
+            SharedIndexReader(prefix, states.layout, liveness_ttl_s=0.05)
+        )
+        exact = stack.enter_context(SharedIndexReader(prefix, states.layout, liveness_ttl_s=0.0))
+        for reader in (trusting, expiring, exact):
+            assert reader.match(query) == states.answers[0][0]
+        writer.close()
+        with pytest.raises(IndexNotReady, match="no new writer"):
+            exact.match(query)
+        assert trusting.match(query) == states.answers[0][0], "within the TTL: last state"
+
+        def refused() -> bool:
+            try:
+                expiring.match(query)
+            except IndexNotReady:
+                return True
+            return False
+
+        poll_until(refused, 30, "the expiring reader refuses once its TTL has passed")
+        assert not trusting.ready()
+        with pytest.raises(IndexNotReady, match="no new writer"):
+            trusting.match(query)
+
+
 def segment_inodes(prefix: str) -> dict[str, int]:
     """Inode of every segment of ``prefix`` in /dev/shm (the lock file apart)."""
     return {
@@ -645,11 +681,14 @@ class Flip:
             yield cls(tables.layout, writer, query, batch, before, after)
 
 
+@pytest.mark.parametrize("mapped", [False, True], ids=["first-read", "tables-mapped"])
 def test_a_write_during_a_read_section_is_never_seen_half_done(
-    prefix: str, monkeypatch: pytest.MonkeyPatch
+    prefix: str, monkeypatch: pytest.MonkeyPatch, mapped: bool
 ) -> None:
     """The writer applies a whole batch right after the reader's compiled probes read the
-    old values, inside one read section: the reader must retry, never answer from it."""
+    old values, inside one read section: the reader must retry, never answer from it.
+    Both on the first read (it maps the tables) and once they are mapped (the reader's
+    inline section)."""
     with Flip.open(prefix) as flip:
         match_probes = probe.match_probes
         writes: list[int] = []
@@ -661,6 +700,8 @@ def test_a_write_during_a_read_section_is_never_seen_half_done(
                 flip.writer.apply(0, flip.batch)
 
         with SharedIndexReader(prefix, flip.layout) as reader:
+            if mapped:
+                assert reader.match(flip.query) == flip.before
             monkeypatch.setattr(probe, "match_probes", probe_then_write)
             assert reader.match(flip.query) == flip.after
         assert writes, "the write should have happened inside the read section"

@@ -53,7 +53,7 @@ class KVCompassPolicy:
         self.belief = CacheBelief(n, config.belief_weight)
         self.queues = QueueEstimates(topology, origin_region, clock, config.piggyback_weight)
         local = [w.index for w in topology.region(origin_region).workers]
-        self._local = tuple(local)
+        self._local = frozenset(local)
         self._no_match = (0,) * n
         self._top = 1 + config.fallbacks
         self._migrate = config.ablations.migration
@@ -95,9 +95,15 @@ class KVCompassPolicy:
         scores = score.scores(prompt, lengths, tiers, belief, queues, lam)
         order = score.rank(scores, queues, self._top)
         best = order[0]
-        candidates = tuple(
-            score.candidate(w, prompt, lengths, tiers, belief, queues, lam, scores[w])
-            for w in (order if explain else order[: self._top])
+        candidates = score.candidates(
+            order if explain else order[: self._top],
+            prompt,
+            lengths,
+            tiers,
+            belief,
+            queues,
+            lam,
+            scores,
         )
         claimed = candidates[0].matched_tokens
         if not indexed:

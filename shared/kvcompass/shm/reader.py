@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
@@ -43,6 +44,11 @@ T = TypeVar("T")
 
 _SPINS: Final = 64  # busy retries before yielding the CPU to the writer
 _WAIT_LIMIT_S: Final = 5.0  # a reader gives up (TornRead) after the writer held a shard this long
+#: How long :meth:`SharedIndexReader.match` trusts the kernel's last "the writer lives"
+#: (one fcntl call, a third to a half of the match's own cost when asked per request).
+#: A writer killed within it may still answer: its last state, at most this much older
+#: than a live writer's would be, far less than an update's trip from the MUs.
+LIVENESS_TTL_S: Final = 0.002
 
 
 class TornRead(IndexNotReady):
@@ -76,6 +82,14 @@ class _Attachment:
             self._ctl.buf[o : o + SHARD_SIZE].cast("q")
             for o in map(self._ctl_layout.shard_offset, range(self.n_shards))
         ]
+        # The records are contiguous: one field of every shard is a strided view, read
+        # by one tolist() in C (shard order, as the read section needs).
+        start = self._ctl_layout.shard_offset(0)
+        every = self._ctl.buf[start : start + self.n_shards * SHARD_SIZE].cast("q")
+        fields = len(every) // self.n_shards
+        self._columns = [every[f::fields] for f in (SEQLOCK, READY, VERSION)]
+        self._seqlocks, self._readies, self._shard_versions = self._columns
+        every.release()
         self._versions = [-1] * self.n_shards
         self._names: dict[tuple[int, int], bytes] = {}
         self._segments: dict[tuple[int, int], Segment] = {}
@@ -179,6 +193,35 @@ class _Attachment:
         """Run :func:`probe.match_probes` in one read section over every shard (a
         section costs a few loads per shard; one compiled call beats one per shard)."""
         lengths, tiers = out
+        # The common case inline: no writer in any shard, every table mapped and current.
+        # Anything else takes the general read section, which retries and waits.
+        before = self._seqlocks.tolist()
+        for lock in before:
+            if lock & 1:
+                self._stable_match(probes, workers, out)
+                break
+        else:
+            if self._shard_versions.tolist() == self._versions:
+                probe.match_probes(
+                    self._desc, self.n_tables, probes, workers, lengths, tiers, self._touched
+                )
+                if self._seqlocks.tolist() != before:
+                    self._stable_match(probes, workers, out)
+            else:
+                self._stable_match(probes, workers, out)
+        readies = self._readies.tolist()
+        if 0 in readies:
+            for shard, ready in enumerate(readies):
+                if not ready and self._touched[shard]:
+                    raise IndexNotReady(f"shard {shard} is not ready")
+
+    def _stable_match(
+        self,
+        probes: NDArray[np.int64],
+        workers: NDArray[np.int64],
+        out: tuple[NDArray[np.int64], NDArray[np.int64]],
+    ) -> None:
+        lengths, tiers = out
         touched, records, versions = self._touched, self._records, self._versions
 
         def read() -> None:
@@ -188,9 +231,6 @@ class _Attachment:
             probe.match_probes(self._desc, self.n_tables, probes, workers, lengths, tiers, touched)
 
         self._stable(range(self.n_shards), read)
-        for shard, record in enumerate(records):
-            if not record[READY] and touched[shard]:
-                raise IndexNotReady(f"shard {shard} is not ready")
 
     def view(self, shard: int, table: int) -> LudoView:
         """The table's view, mapped (call inside a read section)."""
@@ -241,7 +281,7 @@ class _Attachment:
     def close(self) -> None:
         for shard, table in list(self._views):
             self._drop_table(shard, table)
-        for record in self._records:
+        for record in (*self._records, *self._columns):
             record.release()
         self._records.clear()
         self._probe.close()
@@ -264,12 +304,17 @@ class SharedIndexReader:
         layout: IndexLayout | None = None,
         *,
         wait_limit_s: float = _WAIT_LIMIT_S,
+        liveness_ttl_s: float = LIVENESS_TTL_S,
     ) -> None:
         """Attach to the writer's segments; FileNotFoundError until a writer has
-        published them (callers poll for readiness)."""
+        published them (callers poll for readiness). ``liveness_ttl_s``: see
+        :meth:`match`."""
         self.prefix = prefix
         self._layout = layout
         self._wait_limit_s = wait_limit_s
+        self._liveness_ttl_s = liveness_ttl_s
+        #: Until this monotonic time match() trusts the last answer "the writer lives".
+        self._alive_until = -math.inf
         if layout is not None:
             self._region_tables = {
                 region: tuple(t.table_id for t in layout.tables_of(region))
@@ -301,7 +346,9 @@ class SharedIndexReader:
     def _live(self) -> _Attachment:
         """The attachment of a live writer, re-attaching after a restart."""
         if self._att.alive():
+            self._alive_until = time.monotonic() + self._liveness_ttl_s
             return self._att
+        self._alive_until = -math.inf
         try:
             fresh = _Attachment(self.prefix, self._wait_limit_s)
         except FileNotFoundError:
@@ -316,6 +363,7 @@ class SharedIndexReader:
         self._checked(fresh)
         self._att.close()
         self._att = fresh
+        self._alive_until = time.monotonic() + self._liveness_ttl_s
         return fresh
 
     def ready(self) -> bool:
@@ -341,10 +389,14 @@ class SharedIndexReader:
         :class:`~kvcompass.index.discovery.MatchDecoder`, which a unit test checks).
 
         IndexNotReady if a shard the query touches is not ready, and, as at start-up,
-        while any shard has a table not loaded yet."""
+        while any shard has a table not loaded yet. The writer's liveness is asked of the
+        kernel at most once per ``liveness_ttl_s`` (and again at once after any other
+        call found the writer gone): a writer that died within that time may still
+        answer with its last state. ``ready``, ``position``, ``lookup`` and ``image``
+        always ask."""
         if self._layout is None:
             raise ConfigError("SharedIndexReader needs the index layout to match queries")
-        att = self._live()
+        att = self._att if time.monotonic() < self._alive_until else self._live()
         flat: list[int] = []  # (key, table id, length) rows; keys are 63-bit, so int64
         extend = flat.extend
         region_tables = self._region_tables
