@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter, defaultdict
 from functools import cache
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,7 @@ TOPOLOGY = load_builtin("sim-8region")
 BLOCK = 16  # the KV block: a shared prefix shorter than this shares no KV
 
 
-def _mixed(seed: int = 3, n: int = 20_000, **params: object) -> list[LiveRequest]:
+def _mixed(seed: int = 3, n: int = 20_000, **params: Any) -> list[LiveRequest]:
     return list(itertools.islice(make_workload("mixed", TOPOLOGY, 200.0, seed, **params), n))
 
 

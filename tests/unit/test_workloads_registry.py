@@ -8,6 +8,7 @@ import itertools
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -102,7 +103,7 @@ def test_every_workload_by_name_and_trace_by_path(tmp_path: Path) -> None:
     ]
     trace.write_text("".join(json.dumps(r) + "\n" for r in records))
     for name in WORKLOADS:
-        params = {"trace": trace} if name == "trace" else {}
+        params: dict[str, Any] = {"trace": trace} if name == "trace" else {}
         first: list[LiveRequest] = list(
             itertools.islice(make_workload(name, TOPOLOGY, None, 0, **params), 5)
         )
