@@ -87,6 +87,7 @@ class Draws:
         return -mean * math.log1p(-self.uniform())
 
 
+@functools.cache
 def lognormal_params(mean: float, cv: float) -> tuple[float, float]:
     """(mu, sigma) of the lognormal with this mean and coefficient of variation."""
     sigma2 = math.log1p(cv * cv)
