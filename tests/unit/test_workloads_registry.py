@@ -21,6 +21,10 @@ TOPOLOGY = load_builtin("testbed-3region")
 STAMPS = ["18:00:00.0000000", "18:00:00.2500000", "18:00:00.2500000", "18:00:01.7000000"]
 
 
+def _input(i: int) -> int:
+    return 3000 + 50 * (7 * i % 40)  # not in time order
+
+
 @pytest.fixture
 def azure(tmp_path: Path) -> Path:
     """A small Azure-format trace: 40 arrivals, uneven gaps, known lengths."""
@@ -30,7 +34,7 @@ def azure(tmp_path: Path) -> Path:
     rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
     for i, t in enumerate(times):
         minutes, seconds = divmod(float(t), 60.0)
-        rows.append(f"2023-11-16 18:{int(minutes):02d}:{seconds:010.7f},{3000 + 50 * i},{7 + i}")
+        rows.append(f"2023-11-16 18:{int(minutes):02d}:{seconds:010.7f},{_input(i)},{7 + i}")
     with gzip.open(path, "wt") as f:
         f.write("\n".join(rows) + "\n")
     return path
@@ -41,7 +45,7 @@ def test_azure_reader_keeps_order_and_rejects_unsorted(tmp_path: Path, azure: Pa
     assert len(trace) == 40
     assert trace.times_s[0] == 0.0
     assert np.all(np.diff(trace.times_s) > 0)
-    assert trace.input_tokens[3] == 3150
+    assert trace.input_tokens.tolist() == [_input(i) for i in range(40)]
     assert trace.output_tokens[3] == 10
     unsorted = tmp_path / "bad.csv"
     unsorted.write_text(
