@@ -14,7 +14,13 @@ import numpy as np
 import pytest
 
 from kvcompass.loadgen.cli import main
-from kvcompass.loadgen.workloads import WORKLOADS, LiveRequest, make_workload, read_azure
+from kvcompass.loadgen.workloads import (
+    WORKLOADS,
+    LiveRequest,
+    make_workload,
+    read_azure,
+    workload_config,
+)
 from kvcompass.topology import load_builtin
 
 TOPOLOGY = load_builtin("testbed-3region")
@@ -80,7 +86,7 @@ def test_azure_lengths_set_outputs_and_prompt_lengths_above_the_prefix(azure: Pa
         make_workload("lmsys", TOPOLOGY, None, 1, azure_lengths=True)
 
 
-@pytest.mark.parametrize("name", ["mixed", "wildchat", "lmsys", "synthetic"])
+@pytest.mark.parametrize("name", ["mixed", "wildchat", "lmsys"])  # synthetic: test_workloads
 def test_origin_regions_follow_population_shares_per_session(name: str) -> None:
     weights = (8.0, 2.0, 4.0)  # the testbed's us / eu / asia worker counts, reordered below
     requests = list(
@@ -129,3 +135,13 @@ def test_loadgen_command_line_runs_each_workload(
     assert out.startswith("requests 300 over ")
     assert main(["--workload", name, "--dry-run"]) == 2  # endless without a bound
     assert "endless" in capsys.readouterr().err
+
+
+def test_readme_documents_every_generated_workload_parameter() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "loadgen" / "README.md").read_text()
+    for param, default, _ in workload_config("mixed").parameters():
+        assert f"| `{param}` | `{default!r}` |" in readme, param
+    lmsys = {param: default for param, default, _ in workload_config("lmsys").parameters()}
+    for param, default, _ in workload_config("wildchat").parameters():
+        both = f"| `{param}` | `{default!r}` | `{lmsys[param]!r}` |"
+        assert f"| `{param}` | `{default!r}` |" in readme or both in readme, param
