@@ -6,7 +6,9 @@ The reports read these names; :meth:`SimResult.write` lays them out as ``request
 Load factor (Fig. 14): a worker's busy prefill time (reload + prefill of the requests
 whose prefill *ended* in the window, so a long prefill counts in the window it finishes)
 over the last ``sample_every_s``, divided by the pool's mean over the same window; 1.0
-for every worker of an idle window.
+for every worker of an idle window. The summary's ``peak_load_factor`` is the same
+ratio over the whole run (the busiest worker's total over the pool mean), which is what
+a scheme's single peak number means; the windows show how it moves.
 """
 
 from __future__ import annotations
@@ -90,7 +92,12 @@ class SimResult:
         span = max(end - start, 1e-9)
         prompt = sum(r.prompt_tokens for r in recs)
         output = sum(r.output_tokens for r in recs)
-        peak = max((s.load_factor for s in self.load_samples), default=float("nan"))
+        busy: dict[str, float] = {}
+        for r in recs:
+            busy[r.worker] = busy.get(r.worker, 0.0) + r.reload_ms + r.prefill_ms
+        # Workers that served nothing count in the mean (their share is 0).
+        mean = sum(busy.values()) / max(int(self.stats.get("n_workers", 0)), len(busy))
+        peak = max(busy.values()) / mean if mean > 0 else 1.0
         out |= {
             "ttft_p50_ms": float(np.percentile(ttft, 50)),
             "ttft_p99_ms": float(np.percentile(ttft, 99)),
