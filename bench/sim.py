@@ -44,19 +44,19 @@ from kvcompass.topology import load_builtin
 
 TOPOLOGY = load_builtin("sim-8region")
 SHORT = {
-    "system_tokens_min": 128,
-    "system_tokens_max": 512,
-    "user_tokens_min": 16,
-    "user_tokens_max": 128,
-    "document_share": 0.0,
-    "answer_tokens_min": 8,
-    "answer_tokens_max": 64,
+    "system_tokens_min": "128",
+    "system_tokens_max": "512",
+    "user_tokens_min": "16",
+    "user_tokens_max": "128",
+    "document_share": "0",
+    "answer_tokens_min": "8",
+    "answer_tokens_max": "64",
 }
 
 
 def workload(kind: str, rate: float, count: int, seed: int) -> list[LiveRequest]:
-    values = SHORT if kind == "short" else {}
-    config = SyntheticConfig(seed=seed, rate=rate, tenants=8, **values)  # type: ignore[arg-type]
+    values: dict[str, str] = SHORT if kind == "short" else {}
+    config = SyntheticConfig(seed=seed, rate=rate, tenants=8).with_values(values)
     requests = SyntheticWorkload(config, RegionShares.of(TOPOLOGY)).requests()
     return list(itertools.islice(requests, count))
 
