@@ -98,6 +98,10 @@ def parser() -> argparse.ArgumentParser:
         "policies, rates, seeds and any option of a cell (flags given too are overridden).",
     )
     _cell_arguments(sweep, sweep=True)
+    # Parsed by agreement.main (see main); listed here for --help.
+    sub.add_parser(
+        "agree", help="compare with a live demo run's records (kvcompass sim agree --help)"
+    )
     sweep.add_argument("--grid", type=Path, help="TOML file: policies, rates, seeds, options")
     sweep.add_argument("--policies", default="kvcompass", help="comma list of policies")
     sweep.add_argument("--rates", type=_floats, default=(100.0,), help="comma list of rates")
@@ -180,6 +184,11 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["agree"]:
+        from kvcompass.loadgen.sim.agreement import main as agree_main
+
+        return agree_main(argv[1:])
     args = parser().parse_args(argv)
     try:
         return _run(args) if args.command == "run" else _sweep(args)
