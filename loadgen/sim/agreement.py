@@ -89,7 +89,7 @@ def compare(
     )
     lives = [r for _, r in pairs]
     live_m = _metrics(
-        [(r.ttft_ms or 0.0) for r in lives],
+        [(r.ttft_ms or 0.0) / time_scale for r in lives],
         [(r.e2e_ms or 0.0) / time_scale for r in lives],
         sum(r.reused_tokens or 0 for r in lives),
         sum(r.prompt_tokens for r in lives),
