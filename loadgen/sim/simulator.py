@@ -99,6 +99,7 @@ class Simulation:
                 clock=self.clock,
                 plan=plan,
                 seed=config.seed * 1009 + i,
+                world=self.pool,
             )
             for i, r in enumerate(regions)
         }

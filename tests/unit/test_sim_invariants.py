@@ -9,12 +9,13 @@ import pytest
 
 from kvcompass.loadgen.sim import SimConfig, simulate
 from kvcompass.loadgen.sim.testing import shared_prefixes
+from kvcompass.routing import POLICY_NAMES
 from kvcompass.routing.testing import TOY
 
 REQUESTS = shared_prefixes(TOY, rate=40.0, count=300, seed=3)
 
 
-@pytest.mark.parametrize("policy", ["kvcompass", "round-robin"])
+@pytest.mark.parametrize("policy", POLICY_NAMES)
 def test_every_request_finishes_once_and_tokens_add_up(policy: str) -> None:
     result = simulate(SimConfig(TOY, policy=policy, seed=3, jitter_pct=20), REQUESTS)
 
