@@ -14,6 +14,7 @@ from typing import Any
 from kvcompass.loadgen.sim.records import SimResult
 from kvcompass.loadgen.sim.run import ABLATIONS, RunOptions, run_cell
 from kvcompass.loadgen.sim.sweep import cells, run_sweep
+from kvcompass.loadgen.workloads import WORKLOADS
 from kvcompass.routing import POLICY_NAMES
 from kvcompass.worker import EvictionPolicy
 
@@ -57,8 +58,10 @@ def _cell_arguments(p: argparse.ArgumentParser, sweep: bool) -> None:
     )
     g.add_argument("--sample-every", type=float, default=1.0, help="load sample period (s)")
     w = p.add_argument_group("workload (as kvcompass loadgen)")
-    w.add_argument("--workload", choices=("synthetic", "trace"), default="synthetic")
+    w.add_argument("--workload", choices=WORKLOADS, default="synthetic", help="generator")
     w.add_argument("--trace", type=Path, help="Mooncake JSONL trace for --workload trace")
+    w.add_argument("--azure", type=Path, help="arrival times from an Azure trace CSV")
+    w.add_argument("--azure-lengths", action="store_true", help="with --azure: its lengths too")
     w.add_argument("--requests", type=int, help="at most N requests")
     w.add_argument("--region-weights", type=_floats, default=(), help="population share per region")
     w.add_argument(
@@ -69,7 +72,7 @@ def _cell_arguments(p: argparse.ArgumentParser, sweep: bool) -> None:
         metavar="NAME=VALUE",
         help="a synthetic workload parameter (kvcompass loadgen --help lists them)",
     )
-    w.add_argument("--speed", type=float, default=1.0, help="trace time divided by this")
+    w.add_argument("--speed", type=float, default=1.0, help="trace / Azure time divided by this")
     w.add_argument("--max-prompt-tokens", type=int, help="cut longer prompts")
     w.add_argument("--max-tokens", type=int, help="cap each request's max_tokens")
 

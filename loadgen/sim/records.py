@@ -87,11 +87,14 @@ class SimResult:
             return out | self.stats
         ttft = np.array([r.ttft_ms for r in recs])
         e2e = np.array([r.e2e_ms for r in recs])
+        # Throughput over the arrival window: what finished while requests kept coming,
+        # so the drain after the last arrival neither dilutes nor inflates it.
         start = min(r.arrival_s for r in recs)
-        end = max(r.arrival_s + r.e2e_ms / 1e3 for r in recs)
+        end = max(r.arrival_s for r in recs)
         span = max(end - start, 1e-9)
+        done = [r for r in recs if r.arrival_s + r.e2e_ms / 1e3 <= end]
         prompt = sum(r.prompt_tokens for r in recs)
-        output = sum(r.output_tokens for r in recs)
+        served = sum(r.prompt_tokens + r.output_tokens for r in done)
         busy: dict[str, float] = {}
         for r in recs:
             busy[r.worker] = busy.get(r.worker, 0.0) + r.reload_ms + r.prefill_ms
@@ -104,9 +107,9 @@ class SimResult:
             "e2e_p50_ms": float(np.percentile(e2e, 50)),
             "e2e_p99_ms": float(np.percentile(e2e, 99)),
             "queue_mean_ms": float(np.mean([r.queue_ms for r in recs])),
-            "throughput_req_per_s": len(recs) / span,
-            # Prompt plus generated tokens served per simulated second.
-            "throughput_tokens_per_s": (prompt + output) / span,
+            "throughput_req_per_s": len(done) / span,
+            # Prompt plus generated tokens of those requests per simulated second.
+            "throughput_tokens_per_s": served / span,
             "reuse_share": sum(r.reused_tokens for r in recs) / max(prompt, 1),
             "cross_region_share": sum(r.worker_region != r.origin for r in recs) / len(recs),
             "peak_load_factor": peak,
