@@ -6,10 +6,11 @@ sim-8region (64 workers, 8 regions), KVCompass routing reading real edge views t
 maintenance writers keep up to date from the workers' real event batches. Two
 workloads, generated before the clock starts (generation is timed apart):
 
-- ``synthetic``: the load generator's default synthetic mix (system prompts of 1-4K
-  tokens, a quarter of sessions over 8-32K-token documents).
-- ``short``: the same mix with prompts of a few hundred tokens, where the per-block cost
-  of the worker cache matters least and the simulator's own overhead shows.
+- ``mixed``: the paper's Mixed workload look-alike (``kvcompass.loadgen.workloads``:
+  ToolBench-like agent traces, LooGLE-like long documents, APPS-like problems).
+- ``short``: the synthetic mix with prompts of a few hundred tokens, where the
+  per-block cost of the worker cache matters least and the simulator's own overhead
+  shows.
 
 Beside each, the same run with round-robin routing (no index read) in the same process:
 the difference is what routing costs. Per-request component times come from wrapping
@@ -34,18 +35,14 @@ from collections.abc import Callable
 from typing import Any
 
 from kvcompass.loadgen.sim import SimConfig, Simulation
-from kvcompass.loadgen.workloads import (
-    LiveRequest,
-    RegionShares,
-    SyntheticConfig,
-    SyntheticWorkload,
-)
+from kvcompass.loadgen.workloads import LiveRequest, make_workload
 from kvcompass.topology import load_builtin
 
 TOPOLOGY = load_builtin("sim-8region")
 SHORT = {
     "system_tokens_min": "128",
     "system_tokens_max": "512",
+    "tenants": "8",
     "user_tokens_min": "16",
     "user_tokens_max": "128",
     "document_share": "0",
@@ -55,10 +52,9 @@ SHORT = {
 
 
 def workload(kind: str, rate: float, count: int, seed: int) -> list[LiveRequest]:
-    values: dict[str, str] = SHORT if kind == "short" else {}
-    config = SyntheticConfig(seed=seed, rate=rate, tenants=8).with_values(values)
-    requests = SyntheticWorkload(config, RegionShares.of(TOPOLOGY)).requests()
-    return list(itertools.islice(requests, count))
+    params: dict[str, Any] = SHORT if kind == "short" else {}
+    name = "synthetic" if kind == "short" else kind
+    return list(itertools.islice(make_workload(name, TOPOLOGY, rate, seed, **params), count))
 
 
 class Timers:
@@ -141,7 +137,7 @@ def main() -> None:
     # Loading the index's compiled write kernel (numba's cache) takes seconds once per
     # process: pay it before any clock starts.
     Simulation(SimConfig(TOPOLOGY, seed=args.seed)).run(workload("short", 50.0, 50, args.seed))
-    for kind in ("short", "synthetic"):
+    for kind in ("short", "mixed"):
         t0 = time.perf_counter()
         requests = workload(kind, args.rate, count, args.seed)
         generated = time.perf_counter() - t0
