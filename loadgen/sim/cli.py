@@ -32,7 +32,7 @@ def _cell_arguments(p: argparse.ArgumentParser, sweep: bool) -> None:
     g = p.add_argument_group("simulation")
     g.add_argument("--topology", default="sim-8region", help="built-in name or TOML path")
     if not sweep:
-        g.add_argument("--policy", default="kvcompass", help=f"one of {', '.join(POLICY_NAMES)}")
+        g.add_argument("--policy", default="kvcompass", choices=POLICY_NAMES, help="routing")
         g.add_argument("--rate", type=float, default=100.0, help="Poisson arrivals per second")
         g.add_argument("--seed", type=int, default=0, help="seeds the workload and the sim")
     g.add_argument("--duration", type=float, default=30.0, help="simulated seconds of arrivals")
@@ -176,6 +176,9 @@ def _sweep(args: argparse.Namespace) -> int:
         rates = [float(r) for r in spec.pop("rates", rates)]
         seeds = [int(s) for s in spec.pop("seeds", seeds)]
         override = spec
+    unknown = sorted(set(policies) - set(POLICY_NAMES))
+    if unknown:
+        raise ValueError(f"unknown policies {unknown}; known: {', '.join(POLICY_NAMES)}")
     base = _options(args, **override)
     grid = cells(base, policies, rates, seeds)
     from tqdm import tqdm
