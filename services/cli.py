@@ -9,6 +9,7 @@ Usage: kvcompass demo [--seconds S] [--rate R] [--seed N] [--out DIR]   (--help)
        kvcompass worker [--help] (emulated GPU workers; settings from KVC_* variables)
        kvcompass wanproxy [--help]   (the WAN delay proxy; settings from KVC_* variables)
        kvcompass loadgen [options]   (replay a workload against the edge routers; --help)
+       kvcompass sim run|sweep [options] (the event-driven simulator; --help)
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "loadgen", help="replay a workload against the edge routers (kvcompass loadgen --help)"
     )
+    sub.add_parser(
+        "sim", help="simulate a deployment on virtual time (kvcompass sim run|sweep --help)"
+    )
     return parser
 
 
@@ -86,6 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kvcompass.loadgen.cli import main as loadgen_main
 
         return loadgen_main(argv[1:])
+    if argv[:1] == ["sim"]:
+        from kvcompass.loadgen.sim.cli import main as sim_main
+
+        return sim_main(argv[1:])
     if argv[:1] == ["edge"]:
         from kvcompass.services.edge.__main__ import SPEC as EDGE
         from kvcompass.services.runtime import run_service
