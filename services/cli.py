@@ -9,6 +9,7 @@ Usage: kvcompass demo [--seconds S] [--rate R] [--seed N] [--out DIR]   (--help)
        kvcompass worker [--help] (emulated GPU workers; settings from KVC_* variables)
        kvcompass wanproxy [--help]   (the WAN delay proxy; settings from KVC_* variables)
        kvcompass loadgen [options]   (replay a workload against the edge routers; --help)
+       kvcompass report ARTEFACT [--quick] [--out DIR] [--jobs N]   (a paper figure; --help)
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "loadgen", help="replay a workload against the edge routers (kvcompass loadgen --help)"
     )
+    sub.add_parser("report", help="regenerate a paper figure or table (kvcompass report --help)")
     return parser
 
 
@@ -86,6 +88,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kvcompass.loadgen.cli import main as loadgen_main
 
         return loadgen_main(argv[1:])
+    if argv[:1] == ["report"]:
+        from kvcompass.loadgen.reports.cli import main as report_main
+
+        return report_main(argv[1:])
     if argv[:1] == ["edge"]:
         from kvcompass.services.edge.__main__ import SPEC as EDGE
         from kvcompass.services.runtime import run_service

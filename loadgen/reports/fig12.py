@@ -1,0 +1,159 @@
+"""Fig. 12 (sim-8region, 64 workers) and Fig. 16 (sim-16region, 128 workers).
+
+Panels: P99 TTFT vs arrival rate per scheme; the TTFT and E2E distributions (CDFs) and
+each scheme's throughput (prompt + output tokens per simulated second) at one focus
+rate. The JSON holds each baseline's P99 TTFT over KVCompass's at the focus rate, beside
+the paper's §5.3 ratios at 3000 req/s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
+
+from kvcompass.loadgen.reports.common import Artefact
+from kvcompass.loadgen.reports.grid import Cell, CellRunner, simulate_cell
+from kvcompass.loadgen.reports.runs import Run
+from kvcompass.loadgen.reports.sweep import collect, plot_cdf, policies, rate_rows
+
+__all__ = ["SCALES", "Scale", "cells", "figure", "p99_ratios", "run_fig12"]
+
+METRICS = (
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "e2e_p99_ms",
+    "throughput_req_per_s",
+    "throughput_tokens_per_s",
+    "reuse_share",
+    "cross_region_share",
+)
+COLUMNS = ("policy", "rate", "seeds", *METRICS)
+#: Paper §5.3: baseline P99 TTFT over KVCompass's, Mixed, 3000 req/s.
+PAPER_RATIOS = {
+    "central-directory": 1.6,
+    "planetserve": 5.7,
+    "skywalker": 6.2,
+    "dht": 14.0,
+    "consistent-hashing": 14.0,
+    "dynamo": 1.3,
+}
+
+
+class Scale:
+    """A figure's topology, rates (full and quick), focus rate and requests per cell."""
+
+    def __init__(
+        self,
+        name: str,
+        topology: str,
+        rates: Sequence[float],
+        quick_rates: Sequence[float],
+        focus: float,
+        quick_focus: float,
+        requests: int,
+        quick_requests: int,
+    ) -> None:
+        self.name, self.topology = name, topology
+        self.rates, self.quick_rates = tuple(rates), tuple(quick_rates)
+        self.focus, self.quick_focus = focus, quick_focus
+        self.requests, self.quick_requests = requests, quick_requests
+
+
+SCALES = {
+    "fig12": Scale(
+        "fig12",
+        "sim-8region",
+        (200, 500, 1000, 1500, 2000, 2750, 3000, 4000, 5000, 6000),
+        (500, 1500, 3000),
+        2750,
+        1500,
+        20_000,
+        1500,
+    ),
+    "fig16": Scale(
+        "fig16",
+        "sim-16region",
+        (500, 1000, 2000, 3000, 4000, 5500, 8000, 12_000),
+        (1000, 3000, 5500),
+        5500,
+        3000,
+        40_000,
+        1500,
+    ),
+}
+
+
+def cells(scale: Scale, quick: bool) -> list[Cell]:
+    rates = scale.quick_rates if quick else scale.rates
+    n = scale.quick_requests if quick else scale.requests
+    return [Cell(p, r, 0, topology=scale.topology, requests=n) for p in policies() for r in rates]
+
+
+def p99_ratios(rows: Sequence[Mapping[str, Any]], rate: float) -> dict[str, float]:
+    """Each scheme's P99 TTFT over KVCompass's at ``rate`` (>1: KVCompass is lower)."""
+    at = {str(r["policy"]): float(r["ttft_p99_ms"]) for r in rows if r["rate"] == rate}
+    base = at.get("kvcompass")
+    if not base:
+        return {}
+    return {p: v / base for p, v in at.items() if p != "kvcompass"}
+
+
+def figure(rows: Sequence[Mapping[str, Any]], focus_runs: Mapping[str, Run], title: str) -> Figure:
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
+    p99, ttft, e2e, thr = axes
+    for p in dict.fromkeys(str(r["policy"]) for r in rows):
+        pts = [(float(r["rate"]), float(r["ttft_p99_ms"])) for r in rows if r["policy"] == p]
+        p99.plot(*zip(*pts, strict=True), marker="o", label=p)
+    p99.set_yscale("log")
+    p99.set_xlabel("arrival rate (requests/s)")
+    p99.set_ylabel("P99 TTFT (ms)")
+    p99.set_title(f"{title}: P99 TTFT")
+    for name, run in focus_runs.items():
+        plot_cdf(ttft, run.requests["ttft_ms"], name)
+        plot_cdf(e2e, run.requests["e2e_ms"], name)
+    for ax, what in ((ttft, "TTFT"), (e2e, "end-to-end latency")):
+        ax.set_xscale("log")
+        ax.set_xlabel(f"{what} (ms, log)")
+        ax.set_ylabel("share of requests")
+        ax.set_title(f"{what} CDF")
+    names = list(focus_runs)
+    x = np.arange(len(names))
+    tput = [float(focus_runs[n].summary.get("throughput_tokens_per_s", np.nan)) for n in names]
+    thr.bar(x, np.array(tput) / 1e3, color="tab:blue")
+    thr.set_xticks(x, names, rotation=45, ha="right")
+    thr.set_ylabel("throughput (K tokens/s)")
+    thr.set_title("throughput at the focus rate")
+    for ax in axes:
+        ax.grid(True, which="both", alpha=0.3)
+    p99.legend(fontsize=8)
+    return fig
+
+
+def run_fig12(
+    out: Path,
+    *,
+    quick: bool,
+    jobs: int = 1,
+    scale: str = "fig12",
+    runner: CellRunner = simulate_cell,
+) -> Artefact:
+    s = SCALES[scale]
+    runs = collect(cells(s, quick), out, jobs, runner)
+    focus = s.quick_focus if quick else s.focus
+    rows = rate_rows(runs, METRICS)
+    focus_runs = {c.policy: r for c, r in runs.items() if c.rate == focus}
+    art = Artefact(s.name, COLUMNS, rows)
+    art.meta = {
+        "topology": s.topology,
+        "quick": quick,
+        "focus_rate": focus,
+        "p99_ttft_over_kvcompass": p99_ratios(rows, focus),
+        "paper_p99_ttft_over_kvcompass_3000rps": PAPER_RATIOS,
+    }
+    art.write(out, figure(rows, focus_runs, f"{s.topology}"))
+    return art
