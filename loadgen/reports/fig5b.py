@@ -4,9 +4,13 @@ A match of m tokens held in region r, seen from edge o, is worth β_r·c − RTT
 the index credits it at c (the longest indexed length ≤ m toward r), and nothing when
 that is not positive: forwarding would cost more than the prefill it saves. The exact
 index (every length) gets β_r·m − RTT; a level plan's score is the share of that upper
-bound it captures, summed over requests (each takes its best region). Matches come from
+bound it captures, summed over requests (each takes its best other region: every plan
+doubles the same-region lengths alike, and a request's own region otherwise dominates). Matches come from
 replaying a Mooncake trace over the topology's regions (:mod:`.reuse`), so m moves in
-512-token blocks. The paper used WildChat's reuse distribution, which is not here.
+512-token blocks. The paper used WildChat's reuse distribution, which is not here;
+Mooncake's matches run far longer (tens of thousands of tokens), past the paper's last
+equal step (3.5·n1), which is why the plan that goes on doubling after the L steps
+(``[index] long_context_levels``) is shown beside it.
 """
 
 from __future__ import annotations
@@ -31,9 +35,15 @@ Grid = Callable[[str, str], Sequence[int]]
 COLUMNS = ("scheme", "levels", "captured_share")
 
 
-def latency_grid(topology: Topology, levels: int) -> Grid:
-    plan = plan_levels(topology, levels=levels, long_context=False)
-    return lambda o, r: plan.query_lengths[o, r]
+def latency_grid(topology: Topology, levels: int, long_context: bool = False) -> Grid:
+    """The paper's plan with ``levels`` levels; with ``long_context``, the first
+    min(levels, topology's L) equal steps, then doublings, ``levels`` lengths in all."""
+    if not long_context:
+        plan = plan_levels(topology, levels=levels, long_context=False)
+        return lambda o, r: plan.query_lengths[o, r]
+    steps = min(levels, topology.index.levels)
+    plan = plan_levels(topology, levels=steps, long_context=True)
+    return lambda o, r: plan.query_lengths[o, r][:levels]
 
 
 def fixed_grid(lengths: Sequence[int]) -> Grid:
@@ -45,13 +55,16 @@ def _worth(topology: Topology, o: str, r: str, tokens: int) -> float:
     return max(0.0, topology.region(r).beta_ms_per_token * tokens - topology.rtt_ms(o, r))
 
 
-def captured_share(topology: Topology, arrivals: Iterable[Arrival], grid: Grid) -> float:
-    """Σ best credited worth / Σ best exact worth over requests (see the module doc)."""
+def captured_share(
+    topology: Topology, arrivals: Iterable[Arrival], grid: Grid, remote_only: bool = True
+) -> float:
+    """Σ best credited worth / Σ best exact worth over requests (see the module doc);
+    ``remote_only``: only holders in other regions count (where the levels differ)."""
     got = bound = 0.0
     for a in arrivals:
         best_exact = best_grid = 0.0
         for r, m in a.matched_tokens.items():
-            if m <= 0:
+            if m <= 0 or (remote_only and r == a.origin):
                 continue
             best_exact = max(best_exact, _worth(topology, a.origin, r, m))
             lengths = grid(a.origin, r)
@@ -83,7 +96,7 @@ def run_fig5b(
     out: Path,
     *,
     topology: str = "sim-8region",
-    max_levels: int = 8,
+    max_levels: int = 10,
     limit: int | None = None,
     seed: int = 0,
 ) -> Artefact:
@@ -92,6 +105,7 @@ def run_fig5b(
     arrivals = list(replay(records, trace_sessions(records, 512), RegionShares.of(topo), seed, 512))
     schemes: dict[str, Callable[[int], Grid]] = {
         "latency-derived (n1 + k·n1/2)": lambda n: latency_grid(topo, n),
+        "latency-derived, then doubling": lambda n: latency_grid(topo, n, long_context=True),
         "fixed 512·k": lambda n: fixed_grid([512 * (k + 1) for k in range(n)]),
         "fixed 256·2^k": lambda n: fixed_grid([256 * 2**k for k in range(n)]),
         "fixed 1024·k": lambda n: fixed_grid([1024 * (k + 1) for k in range(n)]),
