@@ -10,6 +10,7 @@ Usage: kvcompass demo [--seconds S] [--rate R] [--seed N] [--out DIR]   (--help)
        kvcompass wanproxy [--help]   (the WAN delay proxy; settings from KVC_* variables)
        kvcompass loadgen [options]   (replay a workload against the edge routers; --help)
        kvcompass report ARTEFACT [--quick] [--out DIR] [--jobs N]   (a paper figure; --help)
+       kvcompass sim run|sweep [options] (the event-driven simulator; --help)
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
         "loadgen", help="replay a workload against the edge routers (kvcompass loadgen --help)"
     )
     sub.add_parser("report", help="regenerate a paper figure or table (kvcompass report --help)")
+    sub.add_parser(
+        "sim", help="simulate a deployment on virtual time (kvcompass sim run|sweep --help)"
+    )
     return parser
 
 
@@ -92,6 +96,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kvcompass.loadgen.reports.cli import main as report_main
 
         return report_main(argv[1:])
+    if argv[:1] == ["sim"]:
+        from kvcompass.loadgen.sim.cli import main as sim_main
+
+        return sim_main(argv[1:])
     if argv[:1] == ["edge"]:
         from kvcompass.services.edge.__main__ import SPEC as EDGE
         from kvcompass.services.runtime import run_service

@@ -1,0 +1,188 @@
+"""``kvcompass sim run|sweep``: the event-driven simulator from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import textwrap
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kvcompass.loadgen.sim.records import SimResult
+from kvcompass.loadgen.sim.run import ABLATIONS, RunOptions, run_cell
+from kvcompass.loadgen.sim.sweep import cells, run_sweep
+from kvcompass.routing import POLICY_NAMES
+from kvcompass.worker import EvictionPolicy
+
+__all__ = ["main", "parser"]
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of numbers") from None
+
+
+def _cell_arguments(p: argparse.ArgumentParser, sweep: bool) -> None:
+    g = p.add_argument_group("simulation")
+    g.add_argument("--topology", default="sim-8region", help="built-in name or TOML path")
+    if not sweep:
+        g.add_argument("--policy", default="kvcompass", help=f"one of {', '.join(POLICY_NAMES)}")
+        g.add_argument("--rate", type=float, default=100.0, help="Poisson arrivals per second")
+        g.add_argument("--seed", type=int, default=0, help="seeds the workload and the sim")
+    g.add_argument("--duration", type=float, default=30.0, help="simulated seconds of arrivals")
+    g.add_argument(
+        "--ablation",
+        dest="ablations",
+        action="append",
+        choices=ABLATIONS,
+        default=[],
+        help="switch one KVCompass score term off (repeatable; Fig. 15)",
+    )
+    g.add_argument("--update-delay-ms", type=float, default=0.0, help="MU → edge patch delay")
+    g.add_argument("--update-loss", type=float, default=0.0, help="patch batch loss (0..1)")
+    g.add_argument("--jitter-pct", type=float, default=0.0, help="± WAN one-way jitter (%%)")
+    g.add_argument(
+        "--resync",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="edges detect gaps and reload from a writer snapshot (beyond the paper)",
+    )
+    g.add_argument(
+        "--eviction", choices=[str(e) for e in EvictionPolicy], default="lru", help="cache policy"
+    )
+    g.add_argument("--sample-every", type=float, default=1.0, help="load sample period (s)")
+    w = p.add_argument_group("workload (as kvcompass loadgen)")
+    w.add_argument("--workload", choices=("synthetic", "trace"), default="synthetic")
+    w.add_argument("--trace", type=Path, help="Mooncake JSONL trace for --workload trace")
+    w.add_argument("--requests", type=int, help="at most N requests")
+    w.add_argument("--region-weights", type=_floats, default=(), help="population share per region")
+    w.add_argument(
+        "--set",
+        dest="params",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a synthetic workload parameter (kvcompass loadgen --help lists them)",
+    )
+    w.add_argument("--speed", type=float, default=1.0, help="trace time divided by this")
+    w.add_argument("--max-prompt-tokens", type=int, help="cut longer prompts")
+    w.add_argument("--max-tokens", type=int, help="cap each request's max_tokens")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kvcompass sim",
+        description=textwrap.fill(
+            "Simulate a deployment on virtual time with the real routing, index and worker "
+            "code: per-request records, per-worker load and a summary.",
+            88,
+        ),
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="one configuration: print a summary, write a folder")
+    _cell_arguments(run, sweep=False)
+    run.add_argument("--out", type=Path, help="folder for requests.csv, load.csv, summary.json")
+    run.add_argument(
+        "--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar"
+    )
+    sweep = sub.add_parser(
+        "sweep",
+        help="a grid of policies × rates × seeds in parallel processes (resumes)",
+        description="Run every cell of the grid not already done under --out, then write "
+        "--out/index.csv. The grid comes from flags, or a TOML file whose keys are "
+        "policies, rates, seeds and any option of a cell (flags given too are overridden).",
+    )
+    _cell_arguments(sweep, sweep=True)
+    sweep.add_argument("--grid", type=Path, help="TOML file: policies, rates, seeds, options")
+    sweep.add_argument("--policies", default="kvcompass", help="comma list of policies")
+    sweep.add_argument("--rates", type=_floats, default=(100.0,), help="comma list of rates")
+    sweep.add_argument("--seeds", default="0", help="comma list of seeds")
+    sweep.add_argument("--jobs", type=int, help="processes (default: CPU count)")
+    sweep.add_argument("--out", type=Path, required=True, help="results folder")
+    return p
+
+
+def _options(args: argparse.Namespace, **override: Any) -> RunOptions:
+    names = {f.name for f in dataclasses.fields(RunOptions)}
+    values = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    values |= {"ablations": tuple(args.ablations), "params": tuple(args.params)}
+    values["sample_every_s"] = args.sample_every
+    values |= override
+    return RunOptions(**values)
+
+
+def _table(result: SimResult) -> str:
+    s = result.summary()
+    rows = [
+        ("requests", f"{s['requests']}"),
+        ("TTFT P50 / P99 (ms)", f"{s.get('ttft_p50_ms', 0):.1f} / {s.get('ttft_p99_ms', 0):.1f}"),
+        ("E2E P50 / P99 (ms)", f"{s.get('e2e_p50_ms', 0):.1f} / {s.get('e2e_p99_ms', 0):.1f}"),
+        ("mean queueing (ms)", f"{s.get('queue_mean_ms', 0):.1f}"),
+        ("throughput (req/s)", f"{s.get('throughput_req_per_s', 0):.1f}"),
+        ("throughput (tokens/s)", f"{s.get('throughput_tokens_per_s', 0):.0f}"),
+        ("reused prefill share", f"{s.get('reuse_share', 0):.3f}"),
+        ("cross-region share", f"{s.get('cross_region_share', 0):.3f}"),
+        ("peak load factor", f"{s.get('peak_load_factor', 0):.2f}"),
+        (
+            "wall s / sim req per wall s",
+            f"{s['wall_s']:.1f} / {s.get('sim_requests_per_wall_s', 0):.0f}",
+        ),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _run(args: argparse.Namespace) -> int:
+    options = _options(args)
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    if show:
+        from tqdm import tqdm
+
+        bar = tqdm(total=options.duration, unit="sim s", desc=options.policy)
+
+        def progress(now: float) -> None:
+            bar.update(min(now, options.duration) - bar.n)
+
+        result = run_cell(options, progress)
+        bar.close()
+    else:
+        result = run_cell(options)
+    print(_table(result))
+    if args.out is not None:
+        print(f"wrote {result.write(args.out)}")
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    rates = list(args.rates)
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    override: dict[str, Any] = {}
+    if args.grid is not None:
+        spec = tomllib.loads(args.grid.read_text())
+        policies = list(spec.pop("policies", policies))
+        rates = [float(r) for r in spec.pop("rates", rates)]
+        seeds = [int(s) for s in spec.pop("seeds", seeds)]
+        override = spec
+    base = _options(args, **override)
+    grid = cells(base, policies, rates, seeds)
+    from tqdm import tqdm
+
+    with tqdm(total=len(grid), unit="cell", desc="sweep") as bar:
+        index = run_sweep(grid, args.out, args.jobs, lambda _cell, _skipped: bar.update())
+    print(f"wrote {index}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return _run(args) if args.command == "run" else _sweep(args)
+    except (ValueError, KeyError, OSError, tomllib.TOMLDecodeError) as exc:
+        print(f"kvcompass sim: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,70 @@
+"""Everything one simulation run depends on besides its requests."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvcompass.routing import RoutingConfig
+from kvcompass.topology import Topology
+from kvcompass.worker import EvictionPolicy
+
+__all__ = ["SimConfig"]
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """A run: topology, policy, routing knobs, seed, cache and index-pipeline faults.
+
+    ``update_delay_ms`` / ``update_loss`` act on patch batches between the maintenance
+    units and each edge region (every region draws its own losses). ``resync``: the
+    edge's follower detects a gap or a newer epoch and reloads the shard from a writer
+    snapshot, and every ``snapshot_every_s`` compares itself against the shard's
+    snapshot (anti-entropy, which also recovers a lost final batch); off, an edge applies
+    whatever reaches it, like the paper's edges. ``jitter_pct``: every WAN crossing
+    takes its one-way delay times a uniform factor in [1 − p/100, 1 + p/100].
+    ``time_limit_s``: stop admitting arrivals after this simulated time (None: all);
+    requests admitted still finish.
+    """
+
+    topology: Topology
+    policy: str = "kvcompass"
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    seed: int = 0
+    eviction: EvictionPolicy = EvictionPolicy.LRU
+    update_delay_ms: float = 0.0
+    update_loss: float = 0.0
+    resync: bool = True
+    jitter_pct: float = 0.0
+    sample_every_s: float = 1.0
+    time_limit_s: float | None = None
+    #: Index shards (one maintenance unit's writer each).
+    shards: int = 4
+    #: The MU's patch flush period under load (the live default of ``KVC_FLUSH_MS``).
+    flush_ms: float = 5.0
+    #: Anti-entropy period with ``resync`` (the live MU's snapshot cadence is 30 s; a
+    #: simulation of a few minutes needs a shorter one to show recovery at all).
+    snapshot_every_s: float = 5.0
+    #: A region's queue vector to its own edges every this often (live default 20 ms).
+    local_period_s: float = 0.02
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.update_loss <= 1:
+            raise ValueError(f"update_loss must be in [0, 1], got {self.update_loss}")
+        if self.update_delay_ms < 0 or not 0 <= self.jitter_pct < 100:
+            raise ValueError("update_delay_ms must be >= 0 and jitter_pct in [0, 100)")
+        positive = ("sample_every_s", "flush_ms", "snapshot_every_s", "local_period_s")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.shards < 1:
+            raise ValueError("shards must be at least 1")
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able: the topology by name, the routing knobs as nested dicts."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["topology"] = self.topology.name
+        out["routing"] = dataclasses.asdict(self.routing)
+        out["eviction"] = str(self.eviction)
+        return out

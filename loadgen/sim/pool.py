@@ -1,0 +1,121 @@
+"""The simulated workers: one real emulated engine, prefix cache and event publisher each.
+
+Each worker is what ``services/worker`` hosts, minus HTTP and Kafka: the cache reports
+its changes to an :class:`EventPublisher` that buffers them, and after every engine
+step the buffered events go out as one batch per shard, to the index's writers. The
+pool is also the :class:`~kvcompass.routing.world.WorldView` a policy may read: each
+worker's exact queue now.
+"""
+
+from __future__ import annotations
+
+from kvcompass.index.layout import Tier
+from kvcompass.keys import Namespace
+from kvcompass.levels import LevelPlan
+from kvcompass.loadgen.sim.events import SimClock
+from kvcompass.loadgen.sim.index import IndexPlane
+from kvcompass.publisher import EventPublisher
+from kvcompass.routing import RegionQueues
+from kvcompass.topology import Topology, Worker
+from kvcompass.worker import (
+    CostModel,
+    EmulatedEngine,
+    EvictionPolicy,
+    PrefixCache,
+    PrefixChange,
+)
+
+__all__ = ["SimWorker", "WorkerPool"]
+
+#: Buffer every change until the step ends (as WorkerNode does): one batch per shard.
+_BUFFER_KEYS = 1 << 30
+
+
+def _drop(shard: int, data: bytes) -> None:
+    """The publisher's transport: the simulator hands the batch objects on instead."""
+
+
+class SimWorker:
+    def __init__(
+        self,
+        worker: Worker,
+        topology: Topology,
+        plan: LevelPlan,
+        eviction: EvictionPolicy,
+        clock: SimClock,
+        index: IndexPlane,
+        incarnation: int,
+    ) -> None:
+        self.worker = worker
+        self.publisher = EventPublisher(
+            worker,
+            plan,
+            Namespace(topology.model.name),
+            index.n_shards,
+            _drop,
+            max_buffered_keys=_BUFFER_KEYS,
+            incarnation=incarnation,
+            clock=clock,
+        )
+        cache = PrefixCache.for_worker(topology, worker, eviction, self._on_change)
+        self.engine = EmulatedEngine(cache, CostModel.for_worker(topology, worker), clock)
+        self._index = index
+        self._changed = False
+        #: Reload + prefill ms of requests whose prefill ended since the last sample.
+        self.busy_ms = 0.0
+        #: Time of the wake-up event scheduled for this worker (None: none).
+        self.wake_at: float | None = None
+
+    def _on_change(self, change: PrefixChange) -> None:
+        self.publisher.publish(
+            change.kind,
+            change.tokens,
+            change.tier,
+            namespace=change.namespace,
+            lengths=change.lengths,
+        )
+        self._changed = True
+
+    def publish(self) -> None:
+        """Send what the cache changed since the last call to the index."""
+        if self._changed:
+            self._changed = False
+            for batch in self.publisher.flush():
+                self._index.send(batch.shard, batch)
+
+    def blocks(self, tier: Tier) -> int:
+        return self.engine.cache.blocks(tier)
+
+
+class WorkerPool:
+    """Every worker of the topology, by global index."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        plan: LevelPlan,
+        eviction: EvictionPolicy,
+        clock: SimClock,
+        index: IndexPlane,
+        seed: int,
+    ) -> None:
+        self.workers = [
+            SimWorker(w, topology, plan, eviction, clock, index, incarnation=seed * 4096 + w.index)
+            for w in topology.workers
+        ]
+        self._clock = clock
+        self._by_region: dict[str, list[SimWorker]] = {}
+        for w in self.workers:
+            self._by_region.setdefault(w.worker.region, []).append(w)
+        self._seq = dict.fromkeys(self._by_region, 0)
+
+    def queue_ms(self, worker: int) -> float:
+        """WorldView: the worker's exact queue now."""
+        return self.workers[worker].engine.queue_ms()
+
+    def vector(self, region: str) -> RegionQueues:
+        """The region's queue vector now, as its workers' host sends it."""
+        seq = self._seq[region]
+        self._seq[region] = seq + 1
+        queues = {w.worker.index: w.engine.queue_ms() for w in self._by_region[region]}
+        return RegionQueues(region, seq, self._clock.wall_ns(), queues)

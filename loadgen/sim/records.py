@@ -1,0 +1,126 @@
+"""What a simulation run produces: per-request records, per-worker load samples, a summary.
+
+The reports read these names; :meth:`SimResult.write` lays them out as ``requests.csv``,
+``load.csv`` and ``summary.json`` (written last: a folder with it is complete).
+
+Load factor (Fig. 14): a worker's busy prefill time (reload + prefill of the requests
+whose prefill *ended* in the window, so a long prefill counts in the window it finishes)
+over the last ``sample_every_s``, divided by the pool's mean over the same window; 1.0
+for every worker of an idle window.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["LoadSample", "SimRecord", "SimResult"]
+
+
+@dataclass(frozen=True, slots=True)
+class SimRecord:
+    """One request, times in ms. ``matched_tokens``: what the policy claimed at the worker;
+    ``reused_tokens``: what the worker's cache actually held at prefill start (VRAM and
+    DRAM), of which ``dram_tokens`` came from DRAM. Recomputed = prompt − reused.
+    ``wan_ms``: the round trip paid (out and back); ``ttft_ms`` = lookup + WAN out + queue
+    + reload + prefill + WAN back; ``e2e_ms`` up to the last token back at the edge."""
+
+    request_id: str
+    session: str
+    tenant: str
+    origin: str
+    policy: str
+    worker: str
+    worker_region: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    matched_tokens: int
+    reused_tokens: int
+    dram_tokens: int
+    lookup_ms: float
+    wan_ms: float
+    queue_ms: float
+    prefill_ms: float
+    reload_ms: float
+    ttft_ms: float
+    e2e_ms: float
+    reason: str
+
+    @property
+    def recomputed_tokens(self) -> int:
+        return self.prompt_tokens - self.reused_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSample:
+    t_s: float
+    worker: str
+    queue_ms: float
+    running: int
+    load_factor: float
+
+
+@dataclass
+class SimResult:
+    """``records`` in completion order; ``stats``: counters of the index pipeline."""
+
+    records: list[SimRecord]
+    load_samples: list[LoadSample]
+    config: dict[str, Any]
+    wall_s: float
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        recs = self.records
+        out: dict[str, Any] = {"requests": len(recs), "wall_s": self.wall_s}
+        if not recs:
+            return out | self.stats
+        ttft = np.array([r.ttft_ms for r in recs])
+        e2e = np.array([r.e2e_ms for r in recs])
+        start = min(r.arrival_s for r in recs)
+        end = max(r.arrival_s + r.e2e_ms / 1e3 for r in recs)
+        span = max(end - start, 1e-9)
+        prompt = sum(r.prompt_tokens for r in recs)
+        output = sum(r.output_tokens for r in recs)
+        peak = max((s.load_factor for s in self.load_samples), default=float("nan"))
+        out |= {
+            "ttft_p50_ms": float(np.percentile(ttft, 50)),
+            "ttft_p99_ms": float(np.percentile(ttft, 99)),
+            "e2e_p50_ms": float(np.percentile(e2e, 50)),
+            "e2e_p99_ms": float(np.percentile(e2e, 99)),
+            "queue_mean_ms": float(np.mean([r.queue_ms for r in recs])),
+            "throughput_req_per_s": len(recs) / span,
+            # Prompt plus generated tokens served per simulated second.
+            "throughput_tokens_per_s": (prompt + output) / span,
+            "reuse_share": sum(r.reused_tokens for r in recs) / max(prompt, 1),
+            "cross_region_share": sum(r.worker_region != r.origin for r in recs) / len(recs),
+            "peak_load_factor": peak,
+            "sim_requests_per_wall_s": len(recs) / max(self.wall_s, 1e-9),
+        }
+        return out | self.stats
+
+    def write(self, folder: str | Path) -> Path:
+        """``requests.csv``, ``load.csv``, then ``summary.json`` (with the config)."""
+        path = Path(folder)
+        path.mkdir(parents=True, exist_ok=True)
+        _write_csv(path / "requests.csv", SimRecord, self.records)
+        _write_csv(path / "load.csv", LoadSample, self.load_samples)
+        summary = {"summary": self.summary(), "config": self.config}
+        (path / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        return path
+
+
+def _write_csv(path: Path, kind: type, rows: Sequence[Any]) -> None:
+    names = [f.name for f in dataclasses.fields(kind)]
+    with open(path, "w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(names)
+        writer.writerows(dataclasses.astuple(r) for r in rows)
