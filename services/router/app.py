@@ -71,7 +71,10 @@ class RouterApp:
         registry: CollectorRegistry,
         views_ready: Callable[[], tuple[bool, str]],
         max_body_bytes: int,
+        discovery_wait: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
+        """``discovery_wait(seconds)`` pays a decision's ``lookup_ms`` before forwarding
+        (a baseline's DHT hops or directory round trip: the simulator charges it too)."""
         self.topology = topology
         self.region = region
         self.policy = policy
@@ -83,6 +86,7 @@ class RouterApp:
         self.metrics = RouterMetrics(registry)
         self._views_ready = views_ready
         self._max_body = max_body_bytes
+        self._discovery_wait = discovery_wait
         self._ids = {w.index: w.id for w in topology.workers}
         self._index = {w.id: w.index for w in topology.workers}
         self._log = structlog.get_logger("kvcompass.router")
@@ -204,6 +208,8 @@ class RouterApp:
         tenant, parsed = await self._parsed(request, chat)
         request_id = _request_id(request)
         decision, _ = self._decide(tenant, request_id, parsed.tokens)
+        if decision.lookup_ms > 0:
+            await self._discovery_wait(decision.lookup_ms / 1000)
         if decision.migration is not None:
             self._migrate(decision, parsed.tokens, tenant)
         targets = [decision, *(self._retarget(decision, w) for w in decision.fallbacks[:1])]

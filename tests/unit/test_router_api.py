@@ -4,6 +4,7 @@ retry then 502/503, OpenAI-style 4xx errors, tenancy, /v1/route, metrics."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import threading
@@ -50,6 +51,7 @@ class StandInPolicy:
     order: list[int]
     name: str = "stand-in"
     migration: MigrationOrder | None = None
+    lookup_ms: float = 0.0
     requests: list[RouteRequest] = field(default_factory=list)
     observed: list[Feedback] = field(default_factory=list)
     forwards: list[tuple[int, float]] = field(default_factory=list)
@@ -72,7 +74,7 @@ class StandInPolicy:
         return Decision(
             worker=best.index, worker_id=best.id, region=best.region, reason="stand-in",
             claimed_tokens=claimed, lam=1.0, candidates=candidates,
-            fallbacks=tuple(self.order[1:]), migration=self.migration,
+            fallbacks=tuple(self.order[1:]), migration=self.migration, lookup_ms=self.lookup_ms,
         )  # fmt: skip
 
     def observe(self, feedback: Feedback) -> None:
@@ -94,6 +96,8 @@ class Edge:
     policy: StandInPolicy
     stubs: dict[str, StubWorker]
     registry: CollectorRegistry
+    #: Per discovery wait: (seconds, requests the stub workers had received by then).
+    waits: list[tuple[float, int]]
 
     def post(
         self, path: str, body: object, key: str | None = "key-a", **kw: object
@@ -131,6 +135,12 @@ class Edges:
             urls[ID[wid]] = self._stack.enter_context(serve_in_thread(stub.app()))
         policy = StandInPolicy(TOPOLOGY, [ID[w] for w in order])
         registry = CollectorRegistry()
+        waits: list[tuple[float, int]] = []
+
+        async def discovery_wait(seconds: float) -> None:
+            waits.append((seconds, sum(len(s.requests) for s in stubs.values())))
+            await asyncio.sleep(seconds)
+
         router = RouterApp(
             topology=TOPOLOGY, region="us", policy=policy,
             upstream=Upstream(urls, {w.index: w.id for w in TOPOLOGY.workers},
@@ -138,9 +148,10 @@ class Edges:
                               stream_idle_timeout_s=TIMEOUT_S),
             tenancy=Tenancy(keys), tokenizer=ByteTokenizer(), health=Health(),
             registry=registry, views_ready=lambda: (True, ""), max_body_bytes=1 << 20,
+            discovery_wait=discovery_wait,
         )  # fmt: skip
         url = self._stack.enter_context(serve_in_thread(router.app))
-        return Edge(url, policy, stubs, registry)
+        return Edge(url, policy, stubs, registry, waits)
 
 
 @pytest.fixture
@@ -195,6 +206,24 @@ def test_the_workers_report_is_folded_back_into_the_policy(edges: Edges) -> None
     assert edge.metric("kvc_router_claimed_tokens_total") == 20
     assert edge.metric("kvc_router_false_claimed_tokens_total") == 5
     assert edge.metric("kvc_router_false_claim_rate") == pytest.approx(0.25)
+
+
+def test_a_decisions_lookup_time_is_waited_out_before_the_request_is_forwarded(
+    edges: Edges,
+) -> None:
+    edge = edges(["eu-0", "us-0"])
+    edge.policy.lookup_ms = 300.0  # e.g. a DHT's hops
+    start = time.perf_counter()
+    assert edge.post("/v1/completions", completion()).status_code == 200
+    assert time.perf_counter() - start >= 0.3
+    assert edge.waits == [(0.3, 0)]  # waited once, before any worker saw the request
+    assert len(edge.stubs["eu-0"].requests) == 1
+
+
+def test_a_decision_without_lookup_time_is_forwarded_without_waiting(edges: Edges) -> None:
+    edge = edges(["eu-0", "us-0"])
+    assert edge.post("/v1/completions", completion()).status_code == 200
+    assert edge.waits == []
 
 
 def test_text_prompts_are_tokenised_bytewise(edges: Edges) -> None:

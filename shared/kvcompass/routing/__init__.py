@@ -6,10 +6,21 @@ scores every worker by the joint score (:mod:`.score`) with cache belief (:mod:`
 queue estimates (:mod:`.queues`) and hot-prefix migration (:mod:`.migration`).
 """
 
-from kvcompass.routing.baselines import LocalLeastLoaded, RandomPolicy, RoundRobin
+from kvcompass.routing.baselines import (
+    CentralDirectory,
+    ChordDHT,
+    ConsistentHashing,
+    DynamoRouter,
+    LocalLeastLoaded,
+    Oracle,
+    PlanetServe,
+    RandomPolicy,
+    RoundRobin,
+    SkyWalker,
+)
 from kvcompass.routing.belief import CacheBelief
 from kvcompass.routing.config import Ablations, RoutingConfig
-from kvcompass.routing.factory import POLICY_NAMES, make_policy
+from kvcompass.routing.factory import NEEDS_READER, POLICY_NAMES, make_policy
 from kvcompass.routing.kvcompass import KVCompassPolicy
 from kvcompass.routing.migration import HotPrefixTracker, MigrationOrder, MigrationPlanner
 from kvcompass.routing.policy import (
@@ -28,13 +39,19 @@ from kvcompass.routing.queues import (
     to_vector,
 )
 from kvcompass.routing.score import JointScore
+from kvcompass.routing.world import WorldView
 
 __all__ = [
+    "NEEDS_READER",
     "POLICY_NAMES",
     "Ablations",
     "CacheBelief",
     "Candidate",
+    "CentralDirectory",
+    "ChordDHT",
+    "ConsistentHashing",
     "Decision",
+    "DynamoRouter",
     "Feedback",
     "HotPrefixTracker",
     "JointScore",
@@ -42,6 +59,8 @@ __all__ = [
     "LocalLeastLoaded",
     "MigrationOrder",
     "MigrationPlanner",
+    "Oracle",
+    "PlanetServe",
     "QueueEstimates",
     "QueueReporter",
     "RandomPolicy",
@@ -50,6 +69,8 @@ __all__ = [
     "RouteRequest",
     "RoutingConfig",
     "RoutingPolicy",
+    "SkyWalker",
+    "WorldView",
     "from_vector",
     "make_policy",
     "queues_by_index",

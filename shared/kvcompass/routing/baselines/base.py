@@ -1,0 +1,155 @@
+"""What every baseline shares: queue estimates, pricing, the decision, the feedback hooks.
+
+A baseline only chooses (:meth:`Baseline._route`); this base turns the choice into the
+same :class:`Decision` KVCompass gives, so the router and the simulator drive every
+scheme alike. Every baseline keeps the queue estimates KVCompass keeps (reports plus its
+own pending work), so a comparison isolates what the choice rule adds. Candidates are
+priced with the score's terms at belief 1 and no capacity price (informative only: a
+baseline does not rank by them unless its docstring says so).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from kvcompass.index.discovery import MultiLevelQuery
+from kvcompass.index.layout import Tier
+from kvcompass.index.reader import IndexNotReady, IndexReader
+from kvcompass.pipeline.clock import Clock
+from kvcompass.routing.config import RoutingConfig
+from kvcompass.routing.policy import (
+    Candidate,
+    Decision,
+    Feedback,
+    RegionQueues,
+    RouteRequest,
+    prompt_length,
+)
+from kvcompass.routing.queues import QueueEstimates
+from kvcompass.topology import Topology
+
+__all__ = ["Baseline", "Route", "read_match"]
+
+_TIERS = tuple(Tier)
+
+
+class Route(NamedTuple):
+    """A baseline's choice: workers best first (the first is where the request goes),
+    the per-worker matches it saw (empty: it looked at no cache), its discovery time."""
+
+    order: Sequence[int]
+    reason: str
+    lengths: Sequence[int] = ()
+    tiers: Sequence[int] = ()
+    lookup_ms: float = 0.0
+
+
+def read_match(
+    reader: IndexReader, query: MultiLevelQuery, n_workers: int
+) -> tuple[Sequence[int], Sequence[int]]:
+    """Per-worker matched lengths and tiers; nothing matched while the index is not ready
+    (a baseline then routes as if no cache existed, as KVCompass does)."""
+    try:
+        match = reader.match(query)
+    except IndexNotReady:
+        zeros = (0,) * n_workers
+        return zeros, zeros
+    return match.lengths, match.tiers
+
+
+class Baseline:
+    """One edge region's baseline policy; subclasses implement :meth:`_route`."""
+
+    name = ""
+
+    def __init__(
+        self, topology: Topology, origin_region: str, config: RoutingConfig, clock: Clock
+    ) -> None:
+        self.topology = topology
+        self.origin_region = origin_region
+        self.config = config
+        self.clock = clock
+        self.queues = QueueEstimates(topology, origin_region, clock, config.piggyback_weight)
+        self.n_workers = len(topology.workers)
+        self.local = tuple(w.index for w in topology.region(origin_region).workers)
+        self._top = 1 + config.fallbacks
+        self._wan = tuple(topology.rtt_ms(origin_region, w.region) for w in topology.workers)
+        self._gamma = topology.gamma_ms_per_token
+
+    def _route(self, request: RouteRequest, prompt: int, count: int, explain: bool) -> Route:
+        """At least ``min(count, n_workers)`` workers, best first. ``explain``: a dry run
+        (change no state)."""
+        raise NotImplementedError
+
+    def least_loaded(self, first: Sequence[int], count: int) -> list[int]:
+        """``first``, then the other workers by queue estimate (ties: lower index): the
+        fallbacks of a scheme that names only one worker."""
+        values = self.queues.values
+        order = list(dict.fromkeys(first))
+        if len(order) < count:
+            chosen = set(order)
+            rest = sorted(
+                (w for w in range(self.n_workers) if w not in chosen), key=values.__getitem__
+            )
+            order += rest[: count - len(order)]
+        return order
+
+    def decide(self, request: RouteRequest, explain: bool = False) -> Decision:
+        prompt = prompt_length(request, self.origin_region)
+        count = self.n_workers if explain else self._top
+        route = self._route(request, prompt, count, explain)
+        order = list(route.order)[:count]
+        best = order[0]
+        lengths, tiers = route.lengths, route.tiers
+        candidates = tuple(self._candidate(w, prompt, lengths, tiers) for w in order)
+        worker = self.topology.workers[best]
+        return Decision(
+            best,
+            worker.id,
+            worker.region,
+            route.reason,
+            candidates[0].matched_tokens,
+            0.0,
+            candidates,
+            tuple(order[1 : self._top]),
+            None,
+            route.lookup_ms,
+        )
+
+    def _candidate(
+        self, w: int, prompt: int, lengths: Sequence[int], tiers: Sequence[int]
+    ) -> Candidate:
+        worker = self.topology.workers[w]
+        matched = min(lengths[w], prompt) if lengths else 0
+        tier = _TIERS[tiers[w]] if matched else Tier.ABSENT
+        queue = self.queues.values[w]
+        prefill = worker.beta_ms_per_token * (prompt - matched)
+        reload = self._gamma * matched if tier == Tier.DRAM else 0.0
+        wan = self._wan[w]
+        return Candidate(
+            w,
+            worker.id,
+            worker.region,
+            wan,
+            queue,
+            matched,
+            tier,
+            1.0,
+            prefill,
+            reload,
+            wan + queue + prefill + reload,
+        )
+
+    def observe(self, feedback: Feedback) -> None:
+        if feedback.queue_vector is not None:
+            self.queues.apply(feedback.queue_vector, piggybacked=feedback.cross_region)
+
+    def on_queues(self, queues: RegionQueues) -> None:
+        self.queues.apply(queues, piggybacked=False)
+
+    def on_forward(self, decision: Decision, expected_service_ms: float) -> None:
+        self.queues.add_pending(decision.worker, expected_service_ms)
+
+    def on_failure(self, worker: int) -> None:
+        self.queues.mark_down(worker)

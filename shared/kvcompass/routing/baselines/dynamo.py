@@ -1,0 +1,109 @@
+"""Dynamo-style router: a KV-aware router per region over a periodically refreshed global view.
+
+Model: the origin region's router prices every worker of the pool in KV blocks, NVIDIA
+Dynamo's KV-router cost: prefill blocks left after overlap credit plus decode blocks,
+lowest wins (ties: local first, then lower index). Prefill blocks = the worker's queued
+prefill work in blocks (queue ms ÷ (β·block)) + the prompt's blocks − the overlap credit
+(matched blocks from the index, credited 1.0 in VRAM and 0.75 in DRAM, Dynamo's device /
+host defaults), floored at 0. Decode blocks = the blocks of requests this router sent to
+the worker that have not answered yet (Dynamo tracks active blocks from the requests it
+routes). The global view: the router's own region's queues are live; other regions' are a
+snapshot taken every ``RoutingConfig.broadcast_period_s`` (Δ = 100 ms) and frozen in
+between, so requests decided between two refreshes all see the same remote queues (the
+staleness §5.2 blames). Paper: §5.1 baseline (6), "a KV cache-aware dynamo router
+implemented by Nvidia on each region and periodically broadcasts to get the global view".
+Assumptions: the snapshot is this edge's queue estimates at refresh time (the broadcasts
+it has received, plus work it forwarded); WAN is not in the cost (Dynamo's router has no
+network term); a response frees the oldest request this router sent to that worker (FIFO:
+the response does not say which request it answers); no softmax sampling (temperature 0).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+
+from kvcompass.index.layout import Tier
+from kvcompass.index.reader import IndexReader
+from kvcompass.levels import LevelPlan
+from kvcompass.pipeline.clock import Clock
+from kvcompass.routing.baselines.base import Baseline, Route, read_match
+from kvcompass.routing.baselines.planners import Planners
+from kvcompass.routing.config import RoutingConfig
+from kvcompass.routing.policy import Decision, Feedback, RouteRequest
+from kvcompass.topology import Topology
+
+__all__ = ["DynamoRouter"]
+
+#: Overlap credit per matched block by tier (Dynamo's device / host defaults).
+CREDIT = {int(Tier.VRAM): 1.0, int(Tier.DRAM): 0.75}
+
+
+class DynamoRouter(Baseline):
+    name = "dynamo"
+
+    def __init__(
+        self,
+        topology: Topology,
+        origin_region: str,
+        reader: IndexReader,
+        plan: LevelPlan,
+        config: RoutingConfig,
+        clock: Clock,
+    ) -> None:
+        super().__init__(topology, origin_region, config, clock)
+        self.reader = reader
+        self.planners = Planners(plan, origin_region)
+        self.block = topology.index.block_size
+        self._ms_per_block = [w.beta_ms_per_token * self.block for w in topology.workers]
+        self._remote = [w.region != origin_region for w in topology.workers]
+        self.view = [0.0] * self.n_workers
+        self._refreshed = -math.inf
+        self.decode_blocks = [0] * self.n_workers
+        self._in_flight: list[deque[int]] = [deque() for _ in range(self.n_workers)]
+        self._last_blocks = 0
+
+    def refresh(self) -> None:
+        """Take the global view's remote part anew if Δ has passed since the last one."""
+        now = self.clock.monotonic()
+        if now - self._refreshed >= self.config.broadcast_period_s:
+            self.view = list(self.queues.values)
+            self._refreshed = now
+
+    def costs(self, prompt: int, lengths: Sequence[int], tiers: Sequence[int]) -> list[float]:
+        live, view, remote = self.queues.values, self.view, self._remote
+        blocks = math.ceil(prompt / self.block)
+        costs = []
+        for w in range(self.n_workers):
+            queued = (view[w] if remote[w] else live[w]) / self._ms_per_block[w]
+            overlap = CREDIT.get(tiers[w], 0.0) * (min(lengths[w], prompt) // self.block)
+            costs.append(max(0.0, queued + blocks - overlap) + self.decode_blocks[w])
+        return costs
+
+    def _route(self, request: RouteRequest, prompt: int, count: int, explain: bool) -> Route:
+        self.refresh()
+        lengths, tiers = read_match(self.reader, self.planners.query(request), self.n_workers)
+        costs = self.costs(prompt, lengths, tiers)
+        remote = self._remote
+        order = sorted(range(self.n_workers), key=lambda w: (costs[w], remote[w], w))
+        if not explain:
+            self._last_blocks = math.ceil(prompt / self.block)
+        return Route(order, "kv-cost", lengths, tiers)
+
+    def on_forward(self, decision: Decision, expected_service_ms: float) -> None:
+        super().on_forward(decision, expected_service_ms)
+        w = decision.worker
+        self._in_flight[w].append(self._last_blocks)
+        self.decode_blocks[w] += self._last_blocks
+
+    def observe(self, feedback: Feedback) -> None:
+        super().observe(feedback)
+        flight = self._in_flight[feedback.worker]
+        if flight:
+            self.decode_blocks[feedback.worker] -= flight.popleft()
+
+    def on_failure(self, worker: int) -> None:
+        super().on_failure(worker)
+        self.decode_blocks[worker] = 0
+        self._in_flight[worker].clear()
