@@ -15,7 +15,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from kvcompass.loadgen.reports.common import Artefact
-from kvcompass.loadgen.reports.fig12 import SCALES, cells
+from kvcompass.loadgen.reports.fig12 import SCALES, cells, focus_rate
 from kvcompass.loadgen.reports.grid import CellRunner, simulate_cell
 from kvcompass.loadgen.reports.runs import Run
 from kvcompass.loadgen.reports.sweep import collect
@@ -61,7 +61,7 @@ def run_fig13(
     out: Path, *, quick: bool, jobs: int = 1, runner: CellRunner = simulate_cell
 ) -> Artefact:
     s = SCALES["fig12"]
-    focus = s.quick_focus if quick else s.focus
+    focus = focus_rate(s)
     grid = [c for c in cells(s, quick) if c.rate == focus]
     runs = {c.policy: r for c, r in collect(grid, out, jobs, runner).items()}
     art = Artefact("fig13", COLUMNS, tabulate(runs))

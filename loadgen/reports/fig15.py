@@ -1,7 +1,7 @@
 """Fig. 15: ablations, one KVCompass mechanism off at a time.
 
 The paper measured closed-loop throughput on its testbed; here each variant runs in the
-simulator at one open-loop rate near the pool's capacity, and throughput is shown as a
+simulator at one open-loop rate, the pool's no-reuse capacity λ0, and throughput is shown as a
 share of the full design's (with P99 TTFT beside it in the CSV).
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from kvcompass.loadgen.reports.common import Artefact
-from kvcompass.loadgen.reports.grid import ABLATIONS, Cell, CellRunner, simulate_cell
+from kvcompass.loadgen.reports.grid import ABLATIONS, Cell, CellRunner, rates_of, simulate_cell
 from kvcompass.loadgen.reports.runs import Run
 from kvcompass.loadgen.reports.sweep import collect, mean_of
 
@@ -34,8 +34,8 @@ PAPER = {
 
 
 def cells(quick: bool, topology: str = "sim-8region") -> list[Cell]:
-    rate = 1500 if quick else 2750
-    n = 1500 if quick else 20_000
+    rate = rates_of(topology, [1.0])[0]
+    n = 800 if quick else 8000
     seeds = (0,) if quick else (0, 1, 2)
     return [
         Cell("kvcompass", rate, s, topology=topology, requests=n, ablation=a)

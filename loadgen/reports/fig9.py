@@ -17,7 +17,13 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from kvcompass.loadgen.reports.common import Artefact
-from kvcompass.loadgen.reports.grid import Cell, CellRunner, simulate_cell
+from kvcompass.loadgen.reports.grid import (
+    Cell,
+    CellRunner,
+    no_reuse_capacity,
+    rates_of,
+    simulate_cell,
+)
 from kvcompass.loadgen.reports.mg1 import random_pool_wait_ms
 from kvcompass.loadgen.reports.runs import Run
 from kvcompass.loadgen.reports.sweep import collect, policies
@@ -34,9 +40,12 @@ def _schemes() -> list[str]:
 
 
 def cells(quick: bool, topology: str = "sim-8region") -> list[Cell]:
-    rates = (200, 600, 1000, 1400) if quick else tuple(range(100, 1501, 100))
+    loads = (
+        (0.25, 0.5, 0.75, 1.0) if quick else (0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 1.0, 1.25, 1.5, 1.75)
+    )
+    rates = rates_of(topology, loads)
     seeds = (0,) if quick else (0, 1)
-    n = 1500 if quick else 8000
+    n = 600 if quick else 6000
     return [
         Cell(p, r, s, topology=topology, requests=n)
         for p in _schemes()
@@ -113,6 +122,7 @@ def run_fig9(
     workers = len(load_builtin(grid[0].topology).workers)
     art = Artefact("fig9", COLUMNS, tabulate(runs, workers))
     art.meta = {
+        "lambda0_req_per_s": no_reuse_capacity(grid[0].topology),
         "topology": grid[0].topology,
         "quick": quick,
         "workers": workers,

@@ -8,17 +8,31 @@ Each cell writes its own folder under the grid's output folder; a folder whose
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
+if TYPE_CHECKING:
+    from kvcompass.loadgen.workloads import LiveRequest
+
 from kvcompass.loadgen.reports.runs import is_complete
 
-__all__ = ["ABLATIONS", "Cell", "CellRunner", "run_grid", "simulate_cell"]
+__all__ = [
+    "ABLATIONS",
+    "Cell",
+    "CellRunner",
+    "no_reuse_capacity",
+    "rates_of",
+    "run_grid",
+    "simulate_cell",
+]
 
 #: Fig. 15's ablations: name → the :class:`kvcompass.routing.Ablations` switch it turns off.
 ABLATIONS = {
@@ -63,15 +77,39 @@ class Cell:
 CellRunner = Callable[[Cell, Path], None]
 
 
+def _workload(topology_name: str, seed: int, rate: float) -> Iterator[LiveRequest]:
+    """The requests every cell replays: the synthetic mixed workload over the topology's
+    regions (weighted by worker count)."""
+    from kvcompass.loadgen.workloads import RegionShares, SyntheticConfig, SyntheticWorkload
+    from kvcompass.topology import load_builtin
+
+    shares = RegionShares.of(load_builtin(topology_name))
+    return SyntheticWorkload(SyntheticConfig(seed=seed, rate=rate), shares).requests()
+
+
+@functools.cache
+def no_reuse_capacity(topology_name: str, sample: int = 2000) -> float:
+    """λ0 (req/s): the rate at which the pool is fully busy prefilling every prompt in
+    full (paper §3.5), from the workload's mean prompt and each worker's β."""
+    from kvcompass.topology import load_builtin
+
+    prompts = [len(r.tokens) for r in itertools.islice(_workload(topology_name, 0, 1.0), sample)]
+    mean_prompt = sum(prompts) / len(prompts)
+    workers = load_builtin(topology_name).workers
+    return sum(1e3 / (w.beta_ms_per_token * mean_prompt) for w in workers)
+
+
+def rates_of(topology_name: str, fractions: Sequence[float]) -> tuple[float, ...]:
+    """Arrival rates (req/s, one decimal) at these multiples of λ0: the paper's absolute
+    rates assume its workload's prompt lengths, ours differ, so grids scale by capacity."""
+    lam0 = no_reuse_capacity(topology_name)
+    return tuple(round(f * lam0, 1) for f in fractions)
+
+
 def simulate_cell(cell: Cell, folder: Path) -> None:
     """Run one cell with the event-driven simulator and write its folder."""
     from kvcompass.loadgen.sim import SimConfig, simulate
-    from kvcompass.loadgen.workloads import (
-        RegionShares,
-        SyntheticConfig,
-        SyntheticWorkload,
-        bounded,
-    )
+    from kvcompass.loadgen.workloads import bounded
     from kvcompass.routing import Ablations, RoutingConfig
     from kvcompass.topology import load_builtin
 
@@ -89,10 +127,8 @@ def simulate_cell(cell: Cell, folder: Path) -> None:
         resync=cell.resync,
         jitter_pct=cell.jitter_pct,
     )
-    workload = SyntheticWorkload(
-        SyntheticConfig(seed=cell.seed, rate=cell.rate), RegionShares.of(topology)
-    )
-    result = simulate(config, bounded(workload.requests(), count=cell.requests))
+    workload = _workload(cell.topology, cell.seed, cell.rate)
+    result = simulate(config, bounded(workload, count=cell.requests))
     result.config["cell"] = dataclasses.asdict(cell)
     result.write(folder)
 
