@@ -144,7 +144,7 @@ def run_grid(
     """Run every cell whose folder is not complete; return each cell's folder."""
     folders = {cell: out / cell.key for cell in cells}
     todo = [c for c in dict.fromkeys(cells) if not is_complete(folders[c])]
-    bar = tqdm(total=len(todo), desc=f"grid {out.name}", unit="run", disable=not progress)
+    bar = tqdm(total=len(todo), desc="simulations", unit="run", disable=not progress)
     try:
         if jobs <= 1:
             for cell in todo:

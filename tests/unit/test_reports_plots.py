@@ -19,87 +19,50 @@ from kvcompass.loadgen.reports.fig15 import run_fig15
 from kvcompass.loadgen.reports.grid import Cell
 from kvcompass.loadgen.reports.runs import load_run
 from kvcompass.loadgen.reports.table4 import run_table4
-
-REQUEST_FIELDS = [
-    "request_id",
-    "session",
-    "tenant",
-    "origin",
-    "policy",
-    "worker",
-    "worker_region",
-    "arrival_s",
-    "prompt_tokens",
-    "output_tokens",
-    "matched_tokens",
-    "reused_tokens",
-    "dram_tokens",
-    "lookup_ms",
-    "wan_ms",
-    "queue_ms",
-    "prefill_ms",
-    "reload_ms",
-    "ttft_ms",
-    "e2e_ms",
-    "reason",
-]
-LOAD_FIELDS = ("t_s", "worker", "queue_ms", "running", "load_factor")
+from kvcompass.loadgen.sim import LoadSample, SimRecord, SimResult
 
 
 def fake_run(cell: Cell, folder: Path) -> None:
-    """A small, deterministic run folder in the simulator's layout (records.py)."""
-    rng = np.random.default_rng(abs(hash(cell.key)) % 2**32)
-    folder.mkdir(parents=True, exist_ok=True)
+    """A small, deterministic hand-made :class:`SimResult` for the cell, written as the
+    simulator writes it."""
+    rng = np.random.default_rng(sum(map(ord, cell.key)))
     workers = [f"w{i}" for i in range(4)]
-    with (folder / "requests.csv").open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(REQUEST_FIELDS)
-        for i in range(40):
-            prompt = int(rng.integers(100, 4000))
-            reused = int(rng.integers(0, prompt))
-            matched = reused + int(rng.integers(0, 2)) * 64
-            ttft = float(rng.exponential(100))
-            w.writerow(
-                [
-                    f"r{i}",
-                    "s",
-                    "t",
-                    "a",
-                    cell.policy,
-                    workers[i % 4],
-                    "a",
-                    i / cell.rate,
-                    prompt,
-                    20,
-                    matched,
-                    reused,
-                    0,
-                    0.0,
-                    10.0,
-                    float(rng.exponential(5)),
-                    float(rng.exponential(30)),
-                    0.0,
-                    ttft,
-                    ttft + 200,
-                    "score",
-                ]
+    records = []
+    for i in range(40):
+        prompt = int(rng.integers(100, 4000))
+        reused = int(rng.integers(0, prompt))
+        ttft = float(rng.exponential(100))
+        records.append(
+            SimRecord(
+                request_id=f"r{i}",
+                session="s",
+                tenant="t",
+                origin="a",
+                policy=cell.policy,
+                worker=workers[i % 4],
+                worker_region="a",
+                arrival_s=i / cell.rate,
+                prompt_tokens=prompt,
+                output_tokens=20,
+                matched_tokens=reused + int(rng.integers(0, 2)) * 64,
+                reused_tokens=reused,
+                dram_tokens=0,
+                lookup_ms=0.0,
+                wan_ms=10.0,
+                queue_ms=float(rng.exponential(5)),
+                prefill_ms=float(rng.exponential(30)),
+                reload_ms=0.0,
+                ttft_ms=ttft,
+                e2e_ms=ttft + 200,
+                reason="score",
             )
-    with (folder / "load.csv").open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(LOAD_FIELDS)
-        for t in range(5):
-            for k, worker in enumerate(workers):
-                w.writerow([float(t), worker, 1.0, 1, 0.5 + 0.5 * k])
-    summary = {
-        "ttft_p99_ms": float(rng.uniform(100, 1000)),
-        "ttft_p50_ms": 50.0,
-        "e2e_p99_ms": 900.0,
-        "throughput_req_per_s": cell.rate,
-        "throughput_tokens_per_s": float(rng.uniform(1e5, 2e5)),
-        "reuse_share": 0.3,
-        "cross_region_share": 0.1,
-    }
-    (folder / "summary.json").write_text(json.dumps({"summary": summary, "config": {}}))
+        )
+    samples = [
+        LoadSample(float(t), w, 1.0, 1, 0.5 + 0.5 * k)
+        for t in range(5)
+        for k, w in enumerate(workers)
+    ]
+    SimResult(records, samples, {"policy": cell.policy}, wall_s=0.1).write(folder)
 
 
 Report = Callable[..., Artefact]
