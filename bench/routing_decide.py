@@ -1,6 +1,6 @@
 """Latency of the routing core's per-request decision, split into its parts.
 
-Usage: python bench/routing_decide.py [--quick] [--prompt-tokens N]
+Usage: python bench/routing_decide.py [--quick] [--prompt-tokens N] [--no-policies]
 
 Prints one JSON object: for testbed-3region (14 workers), sim-8region (64) and
 sim-16region (128), the P50 / P99 of a whole ``decide`` (keys + lookup of every level
@@ -10,6 +10,11 @@ interleaved on the same requests, the keys alone, the lookup alone and the polic
 (``score_*``: ``decide`` with each request's keys and matches precomputed, i.e. the
 joint score, the ranking, the hot-family bookkeeping and the decision object). Decisions
 run with the default config (migration on).
+
+Then, on sim-8region, ``decide`` of every policy of ``make_policy`` over the same index
+and requests (``policies_sim-8region``: P50 / P99 µs), measured interleaved (policy by
+policy on each request) so machine load weighs on all of them alike; "oracle" and
+"central-directory" read a WorldView of idle queues, as the simulator would pass.
 
 The shared-memory reader's figures are bench/routing.py's (the perf helper's): it can
 call :func:`decide_samples_us` with a policy built over a ``SharedIndexReader``.
@@ -29,7 +34,7 @@ from typing import Any
 from kvcompass.index.discovery import Match, MultiLevelQuery
 from kvcompass.index.layout import Tier
 from kvcompass.pipeline.clock import ManualClock
-from kvcompass.routing import KVCompassPolicy, RouteRequest, make_policy
+from kvcompass.routing import POLICY_NAMES, KVCompassPolicy, RouteRequest, make_policy
 from kvcompass.routing.testing import RealIndex, request, tokens
 from kvcompass.topology import load_builtin
 
@@ -127,10 +132,48 @@ def bench_topology(name: str, n_prompts: int, rounds: int, prompt_tokens: int) -
     }
 
 
+class _IdleWorld:
+    def queue_ms(self, worker: int) -> float:
+        return 0.0
+
+
+def bench_policies(name: str, n_prompts: int, rounds: int, prompt_tokens: int) -> dict[str, Any]:
+    """P50 / P99 µs of ``decide`` per policy name, interleaved over the same requests."""
+    topology = load_builtin(name)
+    origin = topology.regions[0].name
+    index = RealIndex(topology)
+    prompts = [tokens(prompt_tokens, seed=s) for s in range(n_prompts)]
+    n = len(topology.workers)
+    for i, prompt in enumerate(prompts[: n_prompts // 2]):
+        for j in range(3):
+            index.set((i * 7 + j * 5) % n, prompt, upto=prompt_tokens // (j + 1), tier=Tier.VRAM)
+    policies = {
+        p: make_policy(p, topology, origin, index.view, clock=ManualClock(), world=_IdleWorld())
+        for p in POLICY_NAMES
+    }
+    requests = [request(p, origin=origin) for p in prompts]
+    samples: dict[str, list[float]] = {p: [] for p in policies}
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            for r in requests:
+                for p, policy in policies.items():
+                    t0 = time.perf_counter_ns()
+                    policy.decide(r)
+                    samples[p].append((time.perf_counter_ns() - t0) / 1000)
+    finally:
+        gc.enable()
+    return {p: {"p50_us": _pct(xs, 50), "p99_us": _pct(xs, 99)} for p, xs in samples.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds (~10 s)")
     parser.add_argument("--prompt-tokens", type=int, default=4096)
+    parser.add_argument(
+        "--no-policies", action="store_true", help="skip the per-policy decide() comparison"
+    )
     args = parser.parse_args()
     rounds = 5 if args.quick else 30
     result: dict[str, Any] = {
@@ -141,6 +184,10 @@ def main() -> None:
     }
     for name in TOPOLOGIES:
         result[name] = bench_topology(name, 200, rounds, args.prompt_tokens)
+    if not args.no_policies:
+        result["policies_sim-8region"] = bench_policies(
+            "sim-8region", 200, rounds, args.prompt_tokens
+        )
     print(json.dumps(result, indent=2))
 
 

@@ -22,7 +22,10 @@ class RouterSettings(PipelineSettings):
         "Router processes sharing the port (SO_REUSEPORT) and the edge's shared-memory "
         "views; each keeps its own policy state.",
     )
-    policy: str = setting("kvcompass", "Routing policy (kvcompass.routing.make_policy name).")
+    policy: str = setting(
+        "kvcompass",
+        "Routing policy: kvcompass or a baseline (a kvcompass.routing.POLICY_NAMES name).",
+    )
     worker_endpoints: str = setting(
         "",
         "Worker URLs: 'us-0=http://127.0.0.1:9100,eu-0=...' or the path of a file with one "

@@ -3,7 +3,8 @@
 Core only: no I/O, time from an injected clock. :func:`make_policy` builds a policy by
 name; the edge router drives it through :class:`RoutingPolicy`. The "kvcompass" policy
 scores every worker by the joint score (:mod:`.score`) with cache belief (:mod:`.belief`),
-queue estimates (:mod:`.queues`) and hot-prefix migration (:mod:`.migration`).
+queue estimates (:mod:`.queues`) and hot-prefix migration (:mod:`.migration`). The
+paper's baselines (:mod:`.baselines`) are policies of the same interface.
 """
 
 from kvcompass.routing.baselines import (

@@ -59,10 +59,10 @@ def make_policy(
     """The policy ``name`` for the edge of ``origin_region``.
 
     ``reader`` is required by the policies in :data:`NEEDS_READER`; ``plan`` defaults to
-    the topology's levels; ``seed`` seeds the random choices and the hash rings (every
-    edge of a run must get the same one); ``world`` is the exact pool state a simulator
-    gives ("oracle" and "central-directory" use it, the others ignore it). Raises
-    ConfigError for an unknown name or region, or a missing reader.
+    the topology's levels; ``seed`` seeds the random choices (the hash rings do not
+    depend on it: every edge must place keys alike); ``world`` is the exact pool state a
+    simulator gives ("oracle" and "central-directory" use it, the others ignore it).
+    Raises ConfigError for an unknown name or region, or a missing reader.
     """
     if origin_region not in {r.name for r in topology.regions}:
         raise ConfigError(f"origin region {origin_region!r} is not in topology {topology.name!r}")
@@ -80,7 +80,7 @@ def make_policy(
         return Oracle(topology, origin_region, config, clock, world)
     plan = plan or plan_levels(topology)
     if name == "consistent-hashing":
-        return ConsistentHashing(topology, origin_region, plan, config, clock, seed)
+        return ConsistentHashing(topology, origin_region, plan, config, clock)
     if name == "planetserve":
         return PlanetServe(topology, origin_region, plan, config, clock, seed)
     if reader is None:
@@ -88,7 +88,7 @@ def make_policy(
     if name == "kvcompass":
         return KVCompassPolicy(topology, origin_region, reader, plan, config, clock)
     if name == "dht":
-        return ChordDHT(topology, origin_region, reader, plan, config, clock, seed)
+        return ChordDHT(topology, origin_region, reader, plan, config, clock)
     if name == "central-directory":
         return CentralDirectory(topology, origin_region, reader, plan, config, clock, world)
     if name == "skywalker":

@@ -10,6 +10,7 @@ baseline does not rank by them unless its docstring says so).
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -29,20 +30,22 @@ from kvcompass.routing.policy import (
 from kvcompass.routing.queues import QueueEstimates
 from kvcompass.topology import Topology
 
-__all__ = ["Baseline", "Route", "read_match"]
+__all__ = ["Baseline", "Route", "dry_run_rng", "read_match"]
 
 _TIERS = tuple(Tier)
 
 
 class Route(NamedTuple):
     """A baseline's choice: workers best first (the first is where the request goes),
-    the per-worker matches it saw (empty: it looked at no cache), its discovery time."""
+    the per-worker matches it saw (empty: it looked at no cache), its discovery time, and
+    the queues it went by when they are not the edge's estimates (exact, or a snapshot)."""
 
     order: Sequence[int]
     reason: str
     lengths: Sequence[int] = ()
     tiers: Sequence[int] = ()
     lookup_ms: float = 0.0
+    queues: Sequence[float] = ()
 
 
 def read_match(
@@ -56,6 +59,15 @@ def read_match(
         zeros = (0,) * n_workers
         return zeros, zeros
     return match.lengths, match.tiers
+
+
+def dry_run_rng(rng: random.Random, explain: bool) -> random.Random:
+    """``rng`` itself, or for an explaining (dry) run a copy, so explaining draws nothing."""
+    if not explain:
+        return rng
+    copy = random.Random()
+    copy.setstate(rng.getstate())
+    return copy
 
 
 class Baseline:
@@ -102,7 +114,8 @@ class Baseline:
         order = list(route.order)[:count]
         best = order[0]
         lengths, tiers = route.lengths, route.tiers
-        candidates = tuple(self._candidate(w, prompt, lengths, tiers) for w in order)
+        queues = route.queues or self.queues.values
+        candidates = tuple(self._candidate(w, prompt, lengths, tiers, queues) for w in order)
         worker = self.topology.workers[best]
         return Decision(
             best,
@@ -118,12 +131,17 @@ class Baseline:
         )
 
     def _candidate(
-        self, w: int, prompt: int, lengths: Sequence[int], tiers: Sequence[int]
+        self,
+        w: int,
+        prompt: int,
+        lengths: Sequence[int],
+        tiers: Sequence[int],
+        queues: Sequence[float],
     ) -> Candidate:
         worker = self.topology.workers[w]
         matched = min(lengths[w], prompt) if lengths else 0
         tier = _TIERS[tiers[w]] if matched else Tier.ABSENT
-        queue = self.queues.values[w]
+        queue = queues[w]
         prefill = worker.beta_ms_per_token * (prompt - matched)
         reload = self._gamma * matched if tier == Tier.DRAM else 0.0
         wan = self._wan[w]

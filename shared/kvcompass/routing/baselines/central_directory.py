@@ -78,4 +78,4 @@ class CentralDirectory(Baseline):
         lam = score.price(queues)
         scores = score.scores(prompt, lengths, tiers, self._belief, queues, lam)
         order = score.rank(scores, queues, count)
-        return Route(order, "directory", lengths, tiers, self.rtt_ms)
+        return Route(order, "directory", lengths, tiers, self.rtt_ms, queues)

@@ -1,23 +1,24 @@
 """Chord DHT: one DHT key per chunk-size level, lookups hopping between regions.
 
-Model: the workers form one Chord ring (ids from their worker ids and the run's seed;
-finger tables as in Chord). The DHT stores, under each chunk-size level key of a prefix
-(:class:`ChunkKeys`), that prefix's holder set; the contents are what the index says
-(who holds the prefix at that length, any region, any tier). Per request the edge issues
-the lookups of all the prompt's level keys at once from the origin region's first worker
-(its DHT entry point): each lookup is routed recursively along closest preceding fingers
-to the key's successor, which answers the edge directly. A lookup costs the one-way WAN
-of every hop (edge to entry node, node to node, owner back to the edge; the intra-region
-latency between nodes of one region); the request waits for the slowest lookup, so
-``lookup_ms`` is the largest of those sums. The request goes to the least-loaded holder
-(queue estimate) of the longest level that has one; with no holder at any level, to the
-successor of the longest key, where a hash-placement scheme puts a new entry. Paper:
-§5.1 baseline (2), "the six-level hash-based layout with one DHT key per chunk-size
-level", and §2's hash-placement family. Assumptions: parallel lookups (the paper does not
-say; sequential, longest first, would cost more), recursive routing with a direct reply,
-holders chosen by the edge's queue estimates (the DHT returns a set), no lookup caching,
-no churn (the ring is fixed for the run); the chunk levels are the same-region levels of
-the plan, which every worker registers.
+Model: the workers form one Chord ring (ids hashed from their worker ids alone, so every
+edge builds the same ring whatever its seed; finger tables as in Chord). The DHT stores,
+under each chunk-size level key of a prefix (:class:`ChunkKeys`), that prefix's holder
+set; the contents are what the index says (who holds the prefix at that length, any
+region, any tier). Per request the edge issues the lookups of all the prompt's level
+keys at once from the origin region's first worker (its DHT entry point): each lookup is
+routed recursively along closest preceding fingers to the key's successor, which answers
+the edge directly. A lookup costs the one-way WAN of every hop (edge to entry node, node
+to node, owner back to the edge; the intra-region latency between nodes of one region);
+the request waits for the slowest lookup, so ``lookup_ms`` is the largest of those sums.
+The request goes to the least-loaded holder (queue estimate) of the longest level that
+has one; with no holder at any level, to the successor of the longest key, where a
+hash-placement scheme puts a new entry. Paper: §5.1 baseline (2), "the six-level
+hash-based layout with one DHT key per chunk-size level", and §2's hash-placement
+family. Assumptions: parallel lookups (the paper does not say; sequential, longest
+first, would cost more), recursive routing with a direct reply, holders chosen by the
+edge's queue estimates (the DHT returns a set), no lookup caching, no churn (the ring is
+fixed for the run); the chunk levels are the same-region levels of the plan, which every
+worker registers.
 """
 
 from __future__ import annotations
@@ -48,12 +49,11 @@ class ChordDHT(Baseline):
         plan: LevelPlan,
         config: RoutingConfig,
         clock: Clock,
-        seed: int,
     ) -> None:
         super().__init__(topology, origin_region, config, clock)
         self.reader = reader
         self.chunks = ChunkKeys(topology, plan, origin_region)
-        self.ring = ChordRing([w.id for w in topology.workers], salt=seed)
+        self.ring = ChordRing([w.id for w in topology.workers], salt=0)
         self._entry = self.ring.position_of(self.local[0])
         regions = [self.topology.workers[w].region for w in self.ring.workers]
         # One-way ms between ring positions, and from the edge to each of them.

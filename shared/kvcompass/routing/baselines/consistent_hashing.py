@@ -13,7 +13,8 @@ cluster routers use hashing for prefix affinity. Its consequence, stated: two pr
 share a worker only if they agree on their longest reached level, so a conversation
 moves to a new worker each time it crosses a level, and prompts sharing a system prompt
 shorter than their longest level are spread. Rings: 64 virtual nodes per worker, salted
-by the level and the run's seed; the fallbacks of a decision are the least-loaded other
+by the level only (not by the run's seed: the simulator seeds each edge differently, and
+every edge must place a key alike); the fallbacks of a decision are the least-loaded other
 workers (a retry must go somewhere).
 """
 
@@ -40,14 +41,11 @@ class ConsistentHashing(Baseline):
         plan: LevelPlan,
         config: RoutingConfig,
         clock: Clock,
-        seed: int,
     ) -> None:
         super().__init__(topology, origin_region, config, clock)
         self.chunks = ChunkKeys(topology, plan, origin_region)
         ids = [w.id for w in topology.workers]
-        self.rings = tuple(
-            HashRing(ids, salt=seed * 64 + level) for level in range(len(self.chunks.lengths))
-        )
+        self.rings = tuple(HashRing(ids, salt=level) for level in range(len(self.chunks.lengths)))
 
     def owner(self, request: RouteRequest) -> int:
         """The worker the prompt's longest reached level hashes to."""

@@ -64,32 +64,38 @@ class DynamoRouter(Baseline):
         self._in_flight: list[deque[int]] = [deque() for _ in range(self.n_workers)]
         self._last_blocks = 0
 
-    def refresh(self) -> None:
-        """Take the global view's remote part anew if Δ has passed since the last one."""
+    def seen_queues(self, explain: bool = False) -> list[float]:
+        """Queue ms as the router sees them: its own region's live, the others' as of the
+        last refresh, taken anew once Δ has passed (not kept by an explaining dry run)."""
+        live, remote = self.queues.values, self._remote
         now = self.clock.monotonic()
+        view = self.view
         if now - self._refreshed >= self.config.broadcast_period_s:
-            self.view = list(self.queues.values)
-            self._refreshed = now
+            view = list(live)
+            if not explain:
+                self.view, self._refreshed = view, now
+        return [view[w] if remote[w] else live[w] for w in range(self.n_workers)]
 
-    def costs(self, prompt: int, lengths: Sequence[int], tiers: Sequence[int]) -> list[float]:
-        live, view, remote = self.queues.values, self.view, self._remote
+    def costs(
+        self, prompt: int, lengths: Sequence[int], tiers: Sequence[int], queues: Sequence[float]
+    ) -> list[float]:
         blocks = math.ceil(prompt / self.block)
         costs = []
         for w in range(self.n_workers):
-            queued = (view[w] if remote[w] else live[w]) / self._ms_per_block[w]
+            queued = queues[w] / self._ms_per_block[w]
             overlap = CREDIT.get(tiers[w], 0.0) * (min(lengths[w], prompt) // self.block)
             costs.append(max(0.0, queued + blocks - overlap) + self.decode_blocks[w])
         return costs
 
     def _route(self, request: RouteRequest, prompt: int, count: int, explain: bool) -> Route:
-        self.refresh()
         lengths, tiers = read_match(self.reader, self.planners.query(request), self.n_workers)
-        costs = self.costs(prompt, lengths, tiers)
+        queues = self.seen_queues(explain)
+        costs = self.costs(prompt, lengths, tiers, queues)
         remote = self._remote
         order = sorted(range(self.n_workers), key=lambda w: (costs[w], remote[w], w))
         if not explain:
             self._last_blocks = math.ceil(prompt / self.block)
-        return Route(order, "kv-cost", lengths, tiers)
+        return Route(order, "kv-cost", lengths, tiers, queues=queues)
 
     def on_forward(self, decision: Decision, expected_service_ms: float) -> None:
         super().on_forward(decision, expected_service_ms)

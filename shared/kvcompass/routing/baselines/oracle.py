@@ -45,4 +45,5 @@ class Oracle(Baseline):
         if not explain:
             self._start = (start + 1) % n
         rotated = [(start + i) % n for i in range(n)]
-        return Route(sorted(rotated, key=queues.__getitem__)[:count], "least-loaded")
+        order = sorted(rotated, key=queues.__getitem__)[:count]
+        return Route(order, "least-loaded", queues=queues)

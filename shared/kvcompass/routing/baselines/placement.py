@@ -8,8 +8,8 @@
 - :class:`HashRing`: a consistent-hashing ring of every worker (virtual nodes).
 - :class:`ChordRing`: Chord's identifier circle over the workers, with finger tables.
 
-Everything derives from the topology's worker ids and the run's seed, so the objects of
-all edges agree without talking to each other.
+Rings derive from the topology's worker ids and a fixed salt (not the run's seed, which
+may differ per edge), so the objects of all edges agree without talking to each other.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import random
 
 from kvcompass.levels import LevelPlan
 from kvcompass.pipeline.clock import Clock
-from kvcompass.routing.baselines.base import Baseline, Route
+from kvcompass.routing.baselines.base import Baseline, Route, dry_run_rng
 from kvcompass.routing.baselines.placement import ChunkKeys
 from kvcompass.routing.config import RoutingConfig
 from kvcompass.routing.policy import RouteRequest
@@ -75,11 +75,7 @@ class PlanetServe(Baseline):
             else:
                 worker = min(range(self.n_workers), key=values.__getitem__)
         else:
-            rng = self._rng
-            if explain:  # a dry run draws from a copy
-                rng = random.Random()
-                rng.setstate(self._rng.getstate())
-            worker = rng.randrange(self.n_workers)
+            worker = dry_run_rng(self._rng, explain).randrange(self.n_workers)
         if not explain:
             self._insert(keys, worker)
         return Route(self.least_loaded([worker], count), reason)

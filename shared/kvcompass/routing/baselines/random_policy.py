@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 
 from kvcompass.pipeline.clock import Clock
-from kvcompass.routing.baselines.base import Baseline, Route
+from kvcompass.routing.baselines.base import Baseline, Route, dry_run_rng
 from kvcompass.routing.config import RoutingConfig
 from kvcompass.routing.policy import RouteRequest
 from kvcompass.topology import Topology
@@ -34,4 +34,5 @@ class RandomPolicy(Baseline):
 
     def _route(self, request: RouteRequest, prompt: int, count: int, explain: bool) -> Route:
         n = self.n_workers
-        return Route(self._rng.sample(range(n), min(n, count)), "random")
+        rng = dry_run_rng(self._rng, explain)
+        return Route(rng.sample(range(n), min(n, count)), "random")

@@ -27,5 +27,6 @@ class RoundRobin(Baseline):
 
     def _route(self, request: RouteRequest, prompt: int, count: int, explain: bool) -> Route:
         start, n = self._next, self.n_workers
-        self._next = (start + 1) % n
+        if not explain:
+            self._next = (start + 1) % n
         return Route([(start + i) % n for i in range(min(n, count))], "round-robin")
