@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from kvcompass.loadgen.reports.common import Artefact
 from kvcompass.loadgen.reports.grid import Cell, CellRunner, rates_of, simulate_cell
 from kvcompass.loadgen.reports.runs import Run
-from kvcompass.loadgen.reports.sweep import collect, plot_cdf, policies, rate_rows
+from kvcompass.loadgen.reports.sweep import collect, color_of, plot_cdf, policies, rate_rows
 
 __all__ = ["SCALES", "Scale", "cells", "figure", "focus_rate", "p99_ratios", "run_fig12"]
 
@@ -70,10 +70,10 @@ SCALES = {
         (0.5, 1.0),
         1.0,
         6000,
-        600,
+        300,
     ),
     "fig16": Scale(
-        "fig16", "sim-16region", (0.25, 0.5, 1.0, 1.5, 2.0, 3.0), (0.5, 1.0), 1.0, 8000, 500
+        "fig16", "sim-16region", (0.25, 0.5, 1.0, 1.5, 2.0, 3.0), (0.5, 1.0), 1.0, 8000, 300
     ),
 }
 
@@ -102,7 +102,7 @@ def figure(rows: Sequence[Mapping[str, Any]], focus_runs: Mapping[str, Run], tit
     p99, ttft, e2e, thr = axes
     for p in dict.fromkeys(str(r["policy"]) for r in rows):
         pts = [(float(r["rate"]), float(r["ttft_p99_ms"])) for r in rows if r["policy"] == p]
-        p99.plot(*zip(*pts, strict=True), marker="o", label=p)
+        p99.plot(*zip(*pts, strict=True), marker="o", label=p, color=color_of(p))
     p99.set_yscale("log")
     p99.set_xlabel("arrival rate (requests/s)")
     p99.set_ylabel("P99 TTFT (ms)")
@@ -118,7 +118,7 @@ def figure(rows: Sequence[Mapping[str, Any]], focus_runs: Mapping[str, Run], tit
     names = list(focus_runs)
     x = np.arange(len(names))
     tput = [float(focus_runs[n].summary.get("throughput_tokens_per_s", np.nan)) for n in names]
-    thr.bar(x, np.array(tput) / 1e3, color="tab:blue")
+    thr.bar(x, np.array(tput) / 1e3, color=[color_of(n) for n in names])
     thr.set_xticks(x, names, rotation=45, ha="right")
     thr.set_ylabel("throughput (K tokens/s)")
     thr.set_title("throughput at the focus rate")

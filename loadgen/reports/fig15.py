@@ -35,7 +35,7 @@ PAPER = {
 
 def cells(quick: bool, topology: str = "sim-8region") -> list[Cell]:
     rate = rates_of(topology, [1.0])[0]
-    n = 800 if quick else 8000
+    n = 400 if quick else 8000
     seeds = (0,) if quick else (0, 1, 2)
     return [
         Cell("kvcompass", rate, s, topology=topology, requests=n, ablation=a)

@@ -5,12 +5,14 @@ the index credits it at c (the longest indexed length ≤ m toward r), and nothi
 that is not positive: forwarding would cost more than the prefill it saves. The exact
 index (every length) gets β_r·m − RTT; a level plan's score is the share of that upper
 bound it captures, summed over requests, each at its best *other* region: plans differ
-in how they treat distance, and the own region (RTT ≈ 1 ms) would swamp that. Matches
-come from replaying a Mooncake trace over the topology's regions (:mod:`.reuse`), so m
-moves in 512-token blocks, which favours grids of 512 multiples. The paper used WildChat's reuse distribution, which is not here;
-Mooncake's matches run far longer (tens of thousands of tokens), past the paper's last
-equal step (3.5·n1), which is why the plan that goes on doubling after the L steps
-(``[index] long_context_levels``) is shown beside it.
+in how they treat distance, and the own region (RTT ≈ 1 ms) would swamp that.
+
+Matches come from replaying a Mooncake trace over the topology's regions (:mod:`.reuse`),
+so m moves in 512-token blocks, which favours grids of 512 multiples. The paper used
+WildChat's reuse distribution, which is not here. Mooncake's matches run far longer
+(tens of thousands of tokens), past the paper's last equal step (3.5·n1), which is why
+the plan that goes on doubling after its L steps (``[index] long_context_levels``) is
+shown beside it.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from kvcompass.loadgen.reports.grid import (
 )
 from kvcompass.loadgen.reports.mg1 import random_pool_wait_ms
 from kvcompass.loadgen.reports.runs import Run
-from kvcompass.loadgen.reports.sweep import collect, policies
+from kvcompass.loadgen.reports.sweep import collect, color_of, policies
 
 __all__ = ["cells", "run_fig9", "service_moments", "tabulate"]
 
@@ -45,7 +45,7 @@ def cells(quick: bool, topology: str = "sim-8region") -> list[Cell]:
     )
     rates = rates_of(topology, loads)
     seeds = (0,) if quick else (0, 1)
-    n = 600 if quick else 6000
+    n = 300 if quick else 6000
     return [
         Cell(p, r, s, topology=topology, requests=n)
         for p in _schemes()
@@ -98,7 +98,7 @@ def figure(rows: Sequence[Mapping[str, float | str]]) -> Figure:
     pols = list(dict.fromkeys(str(r["policy"]) for r in rows))
     for p in pols:
         pts = [(float(r["rate"]), float(r["queue_mean_ms"])) for r in rows if r["policy"] == p]
-        ax.plot(*zip(*pts, strict=True), marker="o", label=p)
+        ax.plot(*zip(*pts, strict=True), marker="o", label=p, color=color_of(p))
     curve = sorted({(float(r["rate"]), float(r["mg1_ms"])) for r in rows})
     curve = [(x, y) for x, y in curve if np.isfinite(y)]
     if curve:

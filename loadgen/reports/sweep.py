@@ -13,7 +13,7 @@ from numpy.typing import NDArray
 from kvcompass.loadgen.reports.grid import Cell, CellRunner, run_grid, simulate_cell
 from kvcompass.loadgen.reports.runs import Run, load_run
 
-__all__ = ["collect", "mean_of", "plot_cdf", "policies", "rate_rows"]
+__all__ = ["collect", "color_of", "mean_of", "plot_cdf", "policies", "rate_rows"]
 
 
 def policies() -> tuple[str, ...]:
@@ -21,6 +21,16 @@ def policies() -> tuple[str, ...]:
     from kvcompass.routing import POLICY_NAMES
 
     return tuple(POLICY_NAMES)
+
+
+def color_of(policy: str) -> tuple[float, float, float, float]:
+    """One colour per policy in every panel and figure (tab20: eleven schemes exceed
+    the default cycle of ten)."""
+    from matplotlib import colormaps
+
+    names = policies()
+    i = names.index(policy) if policy in names else len(names)
+    return tuple(colormaps["tab20"](2 * i % 20 + (2 * i >= 20)))  # type: ignore[return-value]
 
 
 def collect(
@@ -53,4 +63,6 @@ def rate_rows(runs: Mapping[Cell, Run], metrics: Sequence[str]) -> list[dict[str
 def plot_cdf(ax: Axes, values: NDArray[np.float64], label: str) -> None:
     v = np.sort(values)
     if v.size:
-        ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=label)
+        ax.step(
+            v, np.arange(1, v.size + 1) / v.size, where="post", label=label, color=color_of(label)
+        )

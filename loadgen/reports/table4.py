@@ -42,7 +42,7 @@ def _variants() -> list[tuple[str, dict[str, Any]]]:
 
 def cells(quick: bool, topology: str = "sim-8region") -> list[Cell]:
     rate = rates_of(topology, [1.0])[0]
-    n = 600 if quick else 8000
+    n = 300 if quick else 8000
     return [
         Cell("kvcompass", rate, 0, topology=topology, requests=n, tag=name, **knobs)
         for name, knobs in _variants()
