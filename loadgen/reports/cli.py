@@ -41,11 +41,12 @@ def _fig5b(a: argparse.Namespace) -> Artefact:
 
 
 def _table5(a: argparse.Namespace) -> Artefact:
-    from kvcompass.loadgen.reports.table5 import run_table5
+    from kvcompass.loadgen.reports.table5 import end_to_end, run_table5
 
-    if a.quick:
-        return run_table5(a.out, capacity=50_000, queries=100_000)
-    return run_table5(a.out)
+    sizes = {"capacity": 50_000, "queries": 100_000} if a.quick else {}
+    art = run_table5(a.out, **sizes)
+    print(end_to_end(a.out, a.quick))
+    return art
 
 
 def _fig9(a: argparse.Namespace) -> Artefact:

@@ -26,7 +26,7 @@ from kvcompass.index.ludo import LudoTable
 from kvcompass.index.view import LudoView
 from kvcompass.loadgen.reports.common import Artefact
 
-__all__ = ["false_hit_rate", "false_lookup_share", "run_table5"]
+__all__ = ["end_to_end", "false_hit_rate", "false_lookup_share", "run_table5"]
 
 LOADS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
 FINGERPRINTS = (0, 8, 16)
@@ -112,3 +112,22 @@ def run_table5(
     }
     art.write(out, _figure(art.rows))
     return art
+
+
+def end_to_end(out: Path, quick: bool) -> str:
+    """The end-to-end false-lookup rate of KVCompass's runs in ``out/grid`` (Fig. 12's
+    cells: run ``report fig12`` first; this report simulates nothing itself)."""
+    from kvcompass.loadgen.reports.fig12 import SCALES, cells
+    from kvcompass.loadgen.reports.runs import is_complete, load_run
+
+    lines = []
+    for cell in cells(SCALES["fig12"], quick):
+        folder = out / "grid" / cell.key
+        if cell.policy == "kvcompass" and is_complete(folder):
+            req = load_run(folder).requests
+            share = false_lookup_share(req["matched_tokens"], req["reused_tokens"])
+            lines.append(
+                f"end-to-end false lookups, kvcompass at {cell.rate:g} req/s: "
+                f"{100 * share:.2f}% of requests with a claimed match"
+            )
+    return "\n".join(lines) or "end-to-end false lookups: no fig12 runs in this --out yet"
