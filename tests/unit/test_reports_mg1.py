@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
-from kvcompass.loadgen.reports.mg1 import pk_mean_wait_ms, random_pool_wait_ms
+from kvcompass.loadgen.reports.fig9 import tabulate
+from kvcompass.loadgen.reports.grid import Cell
+from kvcompass.loadgen.reports.mg1 import pk_mean_wait_ms
+from kvcompass.loadgen.reports.runs import Run
 
 
 def test_pk_matches_hand_computed_values() -> None:
@@ -23,7 +27,23 @@ def test_pk_is_infinite_at_and_beyond_saturation() -> None:
     assert math.isinf(pk_mean_wait_ms(2000, 1.0, 2.0))
 
 
-def test_random_pool_splits_arrivals_evenly() -> None:
-    # Two workers at 1000 req/s total: 500 each; one exponential (Wq 1), one
-    # deterministic 1 ms (a = 0.5, E[S²] = 1: Wq = 0.5·1/(2·0.5) = 0.5); mean 0.75.
-    assert random_pool_wait_ms(1000, [(1.0, 2.0), (1.0, 1.0)]) == pytest.approx(0.75)
+def _run(queue: list[float], prefill: list[float]) -> Run:
+    requests = {
+        "queue_ms": np.array(queue),
+        "prefill_ms": np.array(prefill),
+        "reload_ms": np.zeros(len(prefill)),
+    }
+    return Run(summary={}, config={}, requests=requests, load={})
+
+
+def test_fig9_curve_uses_the_random_runs_service_moments_split_over_workers() -> None:
+    # Random runs: S ∈ {10, 30} ms, so E[S] = 20, E[S²] = 500. At 100 req/s over 4
+    # workers a = 0.025/ms, ρ = 0.5 and Wq = 0.025·500/(2·0.5) = 12.5 ms.
+    runs = {
+        Cell("random", 100.0): _run([1.0, 3.0], [10.0, 30.0]),
+        Cell("kvcompass", 100.0): _run([0.5, 0.5], [5.0, 5.0]),
+    }
+    rows = {str(r["policy"]): r for r in tabulate(runs, workers=4)}
+    assert rows["random"]["mg1_ms"] == pytest.approx(12.5)
+    assert rows["kvcompass"]["mg1_ms"] == pytest.approx(12.5)  # the curve is the random case
+    assert rows["random"]["queue_mean_ms"] == pytest.approx(2.0)
