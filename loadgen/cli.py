@@ -11,6 +11,7 @@ import textwrap
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -18,14 +19,11 @@ from kvcompass.loadgen.driver import DriverConfig
 from kvcompass.loadgen.replay import replay
 from kvcompass.loadgen.summary import render_side_by_side
 from kvcompass.loadgen.workloads import (
+    WORKLOADS,
     LiveRequest,
-    RegionShares,
-    SyntheticConfig,
-    SyntheticWorkload,
-    TraceConfig,
-    TraceWorkload,
     bounded,
-    read_trace,
+    make_workload,
+    workload_config,
 )
 from kvcompass.topology import Topology, builtin_names, load_builtin, load_topology
 
@@ -49,12 +47,17 @@ def _weights(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of numbers") from None
 
 
-def _synthetic_help() -> str:
-    rows = [
-        f"  {name} (default {default}): {doc}"
-        for name, default, doc in SyntheticConfig.parameters()
-    ]
-    return "synthetic workload parameters (--set NAME=VALUE):\n" + "\n".join(rows)
+def _parameters_help() -> str:
+    parts = []
+    for name in WORKLOADS:
+        if name == "trace":
+            continue
+        rows = [
+            f"  {param} (default {default!r}): {doc}"
+            for param, default, doc in workload_config(name).parameters()
+        ]
+        parts.append(f"--workload {name} parameters (--set NAME=VALUE):\n" + "\n".join(rows))
+    return "\n\n".join(parts)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -68,12 +71,28 @@ def parser() -> argparse.ArgumentParser:
             "forwards, errors).",
             88,
         ),
-        epilog=_synthetic_help(),
+        epilog=_parameters_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     w = p.add_argument_group("workload")
-    w.add_argument("--workload", choices=("synthetic", "trace"), default="synthetic")
+    w.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default="synthetic",
+        help="mixed (ToolBench/LooGLE/APPS-like), wildchat, lmsys (multi-turn chats), "
+        "synthetic, or trace (a Mooncake trace); the first four are synthetic look-alikes",
+    )
     w.add_argument("--trace", type=Path, help="Mooncake JSONL trace (.gz/.xz) for --workload trace")
+    w.add_argument(
+        "--azure",
+        type=Path,
+        help="mixed/wildchat/lmsys: arrival times from an Azure trace CSV (.gz), scaled by --speed",
+    )
+    w.add_argument(
+        "--azure-lengths",
+        action="store_true",
+        help="with --azure: the trace's input / output lengths too",
+    )
     w.add_argument("--topology", default="testbed-3region", help="built-in name or TOML path")
     w.add_argument("--seed", type=int, default=0, help="seeds every draw (default 0)")
     w.add_argument(
@@ -85,7 +104,7 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--rate", type=float, help="Poisson arrivals per second (trace: replaces its times)"
     )
-    w.add_argument("--speed", type=float, default=1.0, help="trace time divided by this")
+    w.add_argument("--speed", type=float, default=1.0, help="trace / Azure time divided by this")
     w.add_argument("--duration", type=float, help="send requests arriving in the first S seconds")
     w.add_argument("--requests", type=int, help="send at most N requests")
     w.add_argument("--skip", type=int, default=0, help="trace records skipped from the start")
@@ -98,7 +117,7 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="a synthetic workload parameter (see below); repeatable",
+        help="a workload parameter (see below); repeatable",
     )
     d = p.add_argument_group("driver")
     d.add_argument(
@@ -141,36 +160,33 @@ def _topology(name_or_path: str) -> Topology:
 
 def workload(args: argparse.Namespace, topology: Topology) -> Iterator[LiveRequest]:
     """The requests the arguments describe, bounded by --duration / --requests."""
-    shares = RegionShares.of(topology, args.region_weights)
-    requests: Iterator[LiveRequest]
+    params: dict[str, Any] = _pairs(",".join(args.params)) if args.params else {}
+    seed = int(params.pop("seed", args.seed))
+    rate = float(params.pop("rate")) if "rate" in params else args.rate
+    if args.max_prompt_tokens is not None:
+        params["max_prompt_tokens"] = args.max_prompt_tokens
     if args.workload == "trace":
         if args.trace is None:
             raise ValueError("--workload trace needs --trace PATH")
-        config = TraceConfig(
-            seed=args.seed,
-            block_size=512,
+        params.update(
+            trace=args.trace,
             speed=args.speed,
-            rate=args.rate,
-            region_weights=tuple(args.region_weights),
-            tenants=tuple(t.strip() for t in args.tenants.split(",") if t.strip()),
-            max_prompt_tokens=args.max_prompt_tokens,
-            max_output_tokens=args.max_tokens,
             skip=args.skip,
+            tenants=args.tenants,
+            max_output_tokens=args.max_tokens,
         )
-        limit = None if args.requests is None else args.requests + args.skip
-        requests = TraceWorkload(read_trace(args.trace, limit), shares, config).requests()
-    else:
-        values = _pairs(",".join(args.params)) if args.params else {}
-        values.setdefault("seed", str(args.seed))
-        if args.rate is not None:
-            values["rate"] = str(args.rate)
-        if args.max_prompt_tokens is not None:
-            values["max_prompt_tokens"] = str(args.max_prompt_tokens)
-        config_s = SyntheticConfig().with_values(values)
-        requests = SyntheticWorkload(config_s, shares).requests()
-        if args.max_tokens is not None:
-            cap = args.max_tokens
-            requests = (dataclasses.replace(r, max_tokens=min(r.max_tokens, cap)) for r in requests)
+        if args.requests is not None:
+            params["limit"] = args.requests
+    elif args.azure is not None:
+        params.update(azure=str(args.azure), speed=args.speed, azure_lengths=args.azure_lengths)
+    elif args.azure_lengths:
+        raise ValueError("--azure-lengths needs --azure PATH")
+    requests = make_workload(
+        args.workload, topology, rate, seed, region_weights=args.region_weights, **params
+    )
+    if args.max_tokens is not None and args.workload != "trace":
+        cap = args.max_tokens
+        requests = (dataclasses.replace(r, max_tokens=min(r.max_tokens, cap)) for r in requests)
     return bounded(requests, args.duration, args.requests)
 
 
@@ -194,8 +210,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         topology = _topology(args.topology)
-        if args.workload == "synthetic" and args.duration is None and args.requests is None:
-            raise ValueError("the synthetic workload is endless: give --duration or --requests")
+        endless = args.workload != "trace" and args.azure is None
+        if endless and args.duration is None and args.requests is None:
+            raise ValueError(
+                f"the {args.workload} workload is endless: give --duration or --requests"
+            )
         requests = workload(args, topology)
         if args.dry_run:
             print(_describe(list(requests)))

@@ -14,6 +14,7 @@ from typing import Any
 from kvcompass.loadgen.sim.records import SimResult
 from kvcompass.loadgen.sim.run import ABLATIONS, RunOptions, run_cell
 from kvcompass.loadgen.sim.sweep import cells, run_sweep
+from kvcompass.loadgen.workloads import WORKLOADS
 from kvcompass.routing import POLICY_NAMES
 from kvcompass.worker import EvictionPolicy
 
@@ -31,7 +32,7 @@ def _cell_arguments(p: argparse.ArgumentParser, sweep: bool) -> None:
     g = p.add_argument_group("simulation")
     g.add_argument("--topology", default="sim-8region", help="built-in name or TOML path")
     if not sweep:
-        g.add_argument("--policy", default="kvcompass", help=f"one of {', '.join(POLICY_NAMES)}")
+        g.add_argument("--policy", default="kvcompass", choices=POLICY_NAMES, help="routing")
         g.add_argument("--rate", type=float, default=100.0, help="Poisson arrivals per second")
         g.add_argument("--seed", type=int, default=0, help="seeds the workload and the sim")
     g.add_argument("--duration", type=float, default=30.0, help="simulated seconds of arrivals")
@@ -57,8 +58,10 @@ def _cell_arguments(p: argparse.ArgumentParser, sweep: bool) -> None:
     )
     g.add_argument("--sample-every", type=float, default=1.0, help="load sample period (s)")
     w = p.add_argument_group("workload (as kvcompass loadgen)")
-    w.add_argument("--workload", choices=("synthetic", "trace"), default="synthetic")
+    w.add_argument("--workload", choices=WORKLOADS, default="synthetic", help="generator")
     w.add_argument("--trace", type=Path, help="Mooncake JSONL trace for --workload trace")
+    w.add_argument("--azure", type=Path, help="arrival times from an Azure trace CSV")
+    w.add_argument("--azure-lengths", action="store_true", help="with --azure: its lengths too")
     w.add_argument("--requests", type=int, help="at most N requests")
     w.add_argument("--region-weights", type=_floats, default=(), help="population share per region")
     w.add_argument(
@@ -69,7 +72,7 @@ def _cell_arguments(p: argparse.ArgumentParser, sweep: bool) -> None:
         metavar="NAME=VALUE",
         help="a synthetic workload parameter (kvcompass loadgen --help lists them)",
     )
-    w.add_argument("--speed", type=float, default=1.0, help="trace time divided by this")
+    w.add_argument("--speed", type=float, default=1.0, help="trace / Azure time divided by this")
     w.add_argument("--max-prompt-tokens", type=int, help="cut longer prompts")
     w.add_argument("--max-tokens", type=int, help="cap each request's max_tokens")
 
@@ -98,6 +101,10 @@ def parser() -> argparse.ArgumentParser:
         "policies, rates, seeds and any option of a cell (flags given too are overridden).",
     )
     _cell_arguments(sweep, sweep=True)
+    # Parsed by agreement.main (see main); listed here for --help.
+    sub.add_parser(
+        "agree", help="compare with a live demo run's records (kvcompass sim agree --help)"
+    )
     sweep.add_argument("--grid", type=Path, help="TOML file: policies, rates, seeds, options")
     sweep.add_argument("--policies", default="kvcompass", help="comma list of policies")
     sweep.add_argument("--rates", type=_floats, default=(100.0,), help="comma list of rates")
@@ -169,6 +176,9 @@ def _sweep(args: argparse.Namespace) -> int:
         rates = [float(r) for r in spec.pop("rates", rates)]
         seeds = [int(s) for s in spec.pop("seeds", seeds)]
         override = spec
+    unknown = sorted(set(policies) - set(POLICY_NAMES))
+    if unknown:
+        raise ValueError(f"unknown policies {unknown}; known: {', '.join(POLICY_NAMES)}")
     base = _options(args, **override)
     grid = cells(base, policies, rates, seeds)
     from tqdm import tqdm
@@ -180,6 +190,11 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["agree"]:
+        from kvcompass.loadgen.sim.agreement import main as agree_main
+
+        return agree_main(argv[1:])
     args = parser().parse_args(argv)
     try:
         return _run(args) if args.command == "run" else _sweep(args)

@@ -121,13 +121,12 @@ class EdgeIndex:
         self.applied += 1
         return True
 
-    def divergent_tables(self) -> int:
-        """Tables whose content differs from their writer's now (0: converged)."""
+    def divergent_tables(self, truth: Mapping[tuple[int, int], bytes]) -> int:
+        """Tables whose content differs from ``truth`` (the writers' view images)."""
         differ = 0
-        for shard, writer in enumerate(self.plane.writers):
-            for table, image in writer.tables.view_images().items():
-                mine = self._views[(shard, table)].raw_image()[HEADER_SIZE:]
-                differ += mine != image[HEADER_SIZE : len(mine) + HEADER_SIZE]
+        for where, image in truth.items():
+            mine = self._views[where].raw_image()[HEADER_SIZE:]
+            differ += mine != image[HEADER_SIZE : len(mine) + HEADER_SIZE]
         return differ
 
 
@@ -242,6 +241,15 @@ class IndexPlane:
             for edge in self.edges.values():
                 self._events.push(due, edge.compare, snapshot)
         self._events.push(self._clock.monotonic() + self._snapshot_every_s, self._anti_entropy)
+
+    def divergent_tables(self) -> int:
+        """Tables, summed over edges, whose view differs from its writer's now."""
+        truth = {
+            (shard, table): image
+            for shard, writer in enumerate(self.writers)
+            for table, image in writer.tables.view_images().items()
+        }
+        return sum(edge.divergent_tables(truth) for edge in self.edges.values())
 
     def stats(self) -> Mapping[str, int]:
         edges = self.edges.values()

@@ -32,6 +32,8 @@ class RunOptions:
     policy: str = "kvcompass"
     workload: str = "synthetic"
     trace: Path | None = None
+    azure: Path | None = None
+    azure_lengths: bool = False
     rate: float = 100.0
     duration: float = 30.0
     requests: int | None = None

@@ -16,6 +16,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -98,6 +99,7 @@ class Simulation:
                 clock=self.clock,
                 plan=plan,
                 seed=config.seed * 1009 + i,
+                world=self.pool,
             )
             for i, r in enumerate(regions)
         }
@@ -119,7 +121,9 @@ class Simulation:
 
     # -- running ---------------------------------------------------------------------
 
-    def run(self, requests: Iterable[LiveRequest]) -> SimResult:
+    def run(self, requests: Iterable[LiveRequest], settle_s: float = 0.0) -> SimResult:
+        """Run until every request finished, then ``settle_s`` more simulated seconds
+        (patches in flight land, anti-entropy runs) before the index is compared."""
         started = time.perf_counter()
         limit = self.config.time_limit_s
         self._arrivals = iter(requests) if limit is None else self._before(requests, limit)
@@ -131,8 +135,15 @@ class Simulation:
             t, handler, arg = events.pop()
             clock.set(t)
             handler(arg)
-        stats = dict(self.index.stats())
+        end = clock.monotonic() + settle_s
+        while (due := events.next_time()) is not None and due <= end:
+            t, handler, arg = events.pop()
+            clock.set(t)
+            handler(arg)
+        stats: dict[str, Any] = dict(self.index.stats())
+        stats["index_divergent_tables"] = self.index.divergent_tables()
         stats["simulated_s"] = clock.monotonic()
+        stats["n_workers"] = len(self.pool.workers)
         return SimResult(
             self.records, self.samples, self.config.as_dict(), time.perf_counter() - started, stats
         )

@@ -16,63 +16,59 @@ worker's output is not fed back. A session closes after its turn count (geometri
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
 
 from kvcompass.loadgen.workloads.arrivals import poisson_times
+from kvcompass.loadgen.workloads.params import Params, param
 from kvcompass.loadgen.workloads.regions import RegionShares
 from kvcompass.loadgen.workloads.request import LiveRequest
 
 __all__ = ["SyntheticConfig", "SyntheticWorkload"]
 
-T = TypeVar("T")
 Tokens = NDArray[np.uint32]
 
 
-def _param(default: T, doc: str) -> T:
-    """A parameter with its meaning (listed by ``kvcompass loadgen --help``)."""
-    return field(default=default, metadata={"doc": doc})
-
-
 @dataclass(frozen=True)
-class SyntheticConfig:
+class SyntheticConfig(Params):
     """Every parameter of the synthetic workload (``kvcompass loadgen --set NAME=VALUE``)."""
 
-    seed: int = _param(0, "Seed of every draw; the same seed gives the same requests.")
-    rate: float = _param(4.0, "Mean arrivals per second (Poisson, open loop).")
-    tenants: int = _param(2, "Tenants (named tenant-0, tenant-1, ...).")
-    system_prompts_per_tenant: int = _param(2, "Distinct system prompts per tenant.")
-    system_tokens_min: int = _param(1024, "Shortest system prompt (tokens).")
-    system_tokens_max: int = _param(4096, "Longest system prompt (tokens).")
-    new_session_prob: float = _param(
+    label: ClassVar[str] = "synthetic"
+
+    seed: int = param(0, "Seed of every draw; the same seed gives the same requests.")
+    rate: float = param(4.0, "Mean arrivals per second (Poisson, open loop).")
+    tenants: int = param(2, "Tenants (named tenant-0, tenant-1, ...).")
+    system_prompts_per_tenant: int = param(2, "Distinct system prompts per tenant.")
+    system_tokens_min: int = param(1024, "Shortest system prompt (tokens).")
+    system_tokens_max: int = param(4096, "Longest system prompt (tokens).")
+    new_session_prob: float = param(
         0.25,
         "Probability that an arrival opens a new session rather than continuing one "
         "(1 / turns_mean keeps the number of open sessions steady).",
     )
-    max_open_sessions: int = _param(
+    max_open_sessions: int = param(
         256, "Open sessions at most; when full, arrivals continue sessions."
     )
-    turns_mean: float = _param(4.0, "Mean turns per session (geometric, at least 1).")
-    user_tokens_min: int = _param(32, "Shortest user message per turn (tokens).")
-    user_tokens_max: int = _param(512, "Longest user message per turn (tokens).")
-    answer_tokens_min: int = _param(16, "Fewest tokens a turn generates (max_tokens).")
-    answer_tokens_max: int = _param(128, "Most tokens a turn generates (max_tokens).")
-    document_share: float = _param(0.25, "Share of sessions that start with a long document.")
-    documents_per_tenant: int = _param(6, "Distinct documents per tenant.")
-    document_tokens_min: int = _param(8192, "Shortest document (tokens).")
-    document_tokens_max: int = _param(32768, "Longest document (tokens).")
-    document_zipf: float = _param(
+    turns_mean: float = param(4.0, "Mean turns per session (geometric, at least 1).")
+    user_tokens_min: int = param(32, "Shortest user message per turn (tokens).")
+    user_tokens_max: int = param(512, "Longest user message per turn (tokens).")
+    answer_tokens_min: int = param(16, "Fewest tokens a turn generates (max_tokens).")
+    answer_tokens_max: int = param(128, "Most tokens a turn generates (max_tokens).")
+    document_share: float = param(0.25, "Share of sessions that start with a long document.")
+    documents_per_tenant: int = param(6, "Distinct documents per tenant.")
+    document_tokens_min: int = param(8192, "Shortest document (tokens).")
+    document_tokens_max: int = param(32768, "Longest document (tokens).")
+    document_zipf: float = param(
         1.2, "Zipf exponent of document popularity (0 = uniform; higher = a few hot ones)."
     )
-    max_prompt_tokens: int = _param(
+    max_prompt_tokens: int = param(
         65536, "A session closes rather than send a prompt longer than this."
     )
-    vocab: int = _param(128_000, "Token ids are drawn from [0, vocab).")
+    vocab: int = param(128_000, "Token ids are drawn from [0, vocab).")
 
     def __post_init__(self) -> None:
         for lo, hi in (
@@ -90,22 +86,6 @@ class SyntheticConfig:
             raise ValueError("need at least one tenant, system prompt, document and session")
         if not (0 <= self.new_session_prob <= 1 and 0 <= self.document_share <= 1):
             raise ValueError("new_session_prob and document_share are probabilities")
-
-    @classmethod
-    def parameters(cls) -> list[tuple[str, object, str]]:
-        """(name, default, meaning) of every parameter, for ``--help``."""
-        return [(f.name, f.default, f.metadata["doc"]) for f in dataclasses.fields(cls)]
-
-    def with_values(self, values: dict[str, str]) -> SyntheticConfig:
-        """A copy with parameters set from text (``--set rate=8``), typed by the defaults."""
-        types: dict[str, type[int | float]] = {
-            f.name: float if isinstance(f.default, float) else int for f in dataclasses.fields(self)
-        }
-        unknown = sorted(set(values) - set(types))
-        if unknown:
-            raise ValueError(f"unknown synthetic parameters {unknown}; known: {sorted(types)}")
-        typed: dict[str, Any] = {k: types[k](v) for k, v in values.items()}
-        return dataclasses.replace(self, **typed)
 
 
 @dataclass

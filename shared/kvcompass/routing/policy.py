@@ -82,16 +82,18 @@ class Decision:
     """Where to send a request, and why.
 
     ``reason`` is a short slug: "reuse-local", "reuse-remote", "recompute" (the joint
-    score), "no-index" (the reader could not answer: scored as if nothing matched),
-    "least-loaded", "round-robin", "random". ``claimed_tokens`` is the match the edge
-    claims at that worker (send it to the worker; its reuse report updates the belief).
-    ``candidates`` is ranked best first: every worker when the policy was asked to
-    explain, else the chosen one and the fallbacks (a retry needs their claims; building
-    all of them would cost more than the score). ``fallbacks`` are the next-best
-    workers, for one retry. ``lookup_ms`` is the time the policy's own discovery costs
-    before the request can leave the edge (a DHT's hops, a central directory's round
-    trip); 0 for a policy that reads a local index. The simulator adds it to the request's
-    time to first token and the live router waits it out, so both pay it.
+    score), "no-index" (the reader could not answer: scored as if nothing matched); a
+    baseline's own ("least-loaded", "round-robin", "random", "hash", "dht-holder", ...,
+    each set in its module of :mod:`kvcompass.routing.baselines`). ``claimed_tokens`` is
+    the match the edge claims at that worker (send it to the worker; its reuse report
+    updates the belief). ``candidates`` is ranked best first: every worker when the
+    policy was asked to explain, else the chosen one and the fallbacks (a retry needs
+    their claims; building all of them would cost more than the score). ``fallbacks``
+    are the next-best workers, for one retry. ``lookup_ms`` is the time the policy's own
+    discovery costs before the request can leave the edge (a DHT's hops, a central
+    directory's round trip); 0 for a policy that reads a local index. The simulator adds
+    it to the request's time to first token and the live router waits it out, so both
+    pay it.
     """
 
     worker: int

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
+from itertools import compress
 
 from kvcompass.index.layout import Tier
 from kvcompass.index.reader import IndexReader
@@ -58,6 +59,8 @@ class DynamoRouter(Baseline):
         self.block = topology.index.block_size
         self._ms_per_block = [w.beta_ms_per_token * self.block for w in topology.workers]
         self._remote = [w.region != origin_region for w in topology.workers]
+        # A stable sort over this order breaks cost ties local first, then by lower index.
+        self._tie_order = sorted(range(self.n_workers), key=lambda w: (self._remote[w], w))
         self.view = [0.0] * self.n_workers
         self._refreshed = -math.inf
         self.decode_blocks = [0] * self.n_workers
@@ -79,20 +82,20 @@ class DynamoRouter(Baseline):
     def costs(
         self, prompt: int, lengths: Sequence[int], tiers: Sequence[int], queues: Sequence[float]
     ) -> list[float]:
-        blocks = math.ceil(prompt / self.block)
-        costs = []
-        for w in range(self.n_workers):
-            queued = queues[w] / self._ms_per_block[w]
-            overlap = CREDIT.get(tiers[w], 0.0) * (min(lengths[w], prompt) // self.block)
-            costs.append(max(0.0, queued + blocks - overlap) + self.decode_blocks[w])
-        return costs
+        """Each worker's cost in blocks: prefill left after overlap credit, plus decode."""
+        block = self.block
+        blocks = math.ceil(prompt / block)
+        prefill = [q / m + blocks for q, m in zip(queues, self._ms_per_block, strict=True)]
+        for w in compress(range(self.n_workers), lengths):  # holders only
+            overlap = CREDIT.get(tiers[w], 0.0) * (min(lengths[w], prompt) // block)
+            prefill[w] = max(0.0, prefill[w] - overlap)
+        return [p + d for p, d in zip(prefill, self.decode_blocks, strict=True)]
 
     def _route(self, request: RouteRequest, prompt: int, count: int, explain: bool) -> Route:
         lengths, tiers = read_match(self.reader, self.planners.query(request), self.n_workers)
         queues = self.seen_queues(explain)
         costs = self.costs(prompt, lengths, tiers, queues)
-        remote = self._remote
-        order = sorted(range(self.n_workers), key=lambda w: (costs[w], remote[w], w))
+        order = sorted(self._tie_order, key=costs.__getitem__)
         if not explain:
             self._last_blocks = math.ceil(prompt / self.block)
         return Route(order, "kv-cost", lengths, tiers, queues=queues)

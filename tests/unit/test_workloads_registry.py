@@ -1,0 +1,127 @@
+"""Arrival times from an Azure trace (order kept, scaled by speed, lengths optional),
+origin regions by population share, and make_workload / the loadgen CLI by name."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvcompass.loadgen.cli import main
+from kvcompass.loadgen.workloads import WORKLOADS, LiveRequest, make_workload, read_azure
+from kvcompass.topology import load_builtin
+
+TOPOLOGY = load_builtin("testbed-3region")
+STAMPS = ["18:00:00.0000000", "18:00:00.2500000", "18:00:00.2500000", "18:00:01.7000000"]
+
+
+@pytest.fixture
+def azure(tmp_path: Path) -> Path:
+    """A small Azure-format trace: 40 arrivals, uneven gaps, known lengths."""
+    path = tmp_path / "azure.csv.gz"
+    rng = np.random.default_rng(0)
+    times = np.cumsum(rng.exponential(0.4, 40))
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    for i, t in enumerate(times):
+        minutes, seconds = divmod(float(t), 60.0)
+        rows.append(f"2023-11-16 18:{int(minutes):02d}:{seconds:010.7f},{3000 + 50 * i},{7 + i}")
+    with gzip.open(path, "wt") as f:
+        f.write("\n".join(rows) + "\n")
+    return path
+
+
+def test_azure_reader_keeps_order_and_rejects_unsorted(tmp_path: Path, azure: Path) -> None:
+    trace = read_azure(azure)
+    assert len(trace) == 40
+    assert trace.times_s[0] == 0.0
+    assert np.all(np.diff(trace.times_s) > 0)
+    assert trace.input_tokens[3] == 3150
+    assert trace.output_tokens[3] == 10
+    unsorted = tmp_path / "bad.csv"
+    unsorted.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        + "".join(f"2023-11-16 {s},10,1\n" for s in reversed(STAMPS))
+    )
+    with pytest.raises(ValueError, match="not sorted"):
+        read_azure(unsorted)
+
+
+@pytest.mark.parametrize("name", ["mixed", "wildchat", "lmsys"])
+def test_azure_arrivals_are_the_trace_times_in_order_divided_by_speed(
+    name: str, azure: Path
+) -> None:
+    times = read_azure(azure).times_s
+    for speed in (1.0, 2.5):
+        requests = list(make_workload(name, TOPOLOGY, None, 1, azure=str(azure), speed=speed))
+        assert len(requests) == len(times)  # the trace ends the workload
+        assert [r.at_s for r in requests] == pytest.approx((times / speed).tolist())
+
+
+def test_azure_lengths_set_outputs_and_prompt_lengths_above_the_prefix(azure: Path) -> None:
+    trace = read_azure(azure)
+    requests = list(make_workload("lmsys", TOPOLOGY, None, 1, azure=str(azure), azure_lengths=True))
+    assert [r.max_tokens for r in requests] == trace.output_tokens.tolist()
+    # lmsys system prompts + openers are far below 3000 tokens: prompts are the trace's
+    # length unless a conversation's history is already longer
+    lengths = np.array([len(r.tokens) for r in requests])
+    assert np.all(lengths >= trace.input_tokens)
+    assert np.mean(lengths == trace.input_tokens) > 0.5
+    with pytest.raises(ValueError, match="needs an azure trace"):
+        make_workload("lmsys", TOPOLOGY, None, 1, azure_lengths=True)
+
+
+@pytest.mark.parametrize("name", ["mixed", "wildchat", "lmsys", "synthetic"])
+def test_origin_regions_follow_population_shares_per_session(name: str) -> None:
+    weights = (8.0, 2.0, 4.0)  # the testbed's us / eu / asia worker counts, reordered below
+    requests = list(
+        itertools.islice(
+            make_workload(name, TOPOLOGY, 100.0, 5, region_weights=weights[::-1]), 12_000
+        )
+    )
+    region_of: dict[str, str] = {}
+    for r in requests:
+        assert region_of.setdefault(r.session, r.origin_region) == r.origin_region
+    counts = Counter(region_of.values())
+    names = [region.name for region in TOPOLOGY.regions]
+    expected = np.array(weights[::-1]) / sum(weights)
+    observed = np.array([counts[n] for n in names]) / len(region_of)
+    assert len(region_of) > 2000
+    assert observed == pytest.approx(expected, abs=0.03)
+
+
+def test_every_workload_by_name_and_trace_by_path(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    records = [
+        {"timestamp": 1000 * i, "input_length": 600, "output_length": 4, "hash_ids": [0, 1 + i]}
+        for i in range(5)
+    ]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in records))
+    for name in WORKLOADS:
+        params: dict[str, Any] = {"trace": trace} if name == "trace" else {}
+        first: list[LiveRequest] = list(
+            itertools.islice(make_workload(name, TOPOLOGY, None, 0, **params), 5)
+        )
+        assert len(first) == 5, name
+        assert all(r.tokens for r in first), name
+    with pytest.raises(ValueError, match="unknown workload"):
+        make_workload("sharegpt", TOPOLOGY)
+    with pytest.raises(ValueError, match="needs trace=PATH"):
+        make_workload("trace", TOPOLOGY)
+
+
+@pytest.mark.parametrize("name", ["mixed", "wildchat", "lmsys", "synthetic"])
+def test_loadgen_command_line_runs_each_workload(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--workload", name, "--rate", "50", "--requests", "300", "--dry-run"]
+    assert main([*argv, "--set", "seed=4"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("requests 300 over ")
+    assert main(["--workload", name, "--dry-run"]) == 2  # endless without a bound
+    assert "endless" in capsys.readouterr().err
