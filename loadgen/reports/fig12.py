@@ -4,9 +4,9 @@ Panels: P99 TTFT vs arrival rate per scheme; the TTFT and E2E distributions (CDF
 each scheme's throughput (prompt + output tokens per simulated second) at one focus
 rate. The JSON holds each baseline's P99 TTFT over KVCompass's at the focus rate, beside
 the paper's §5.3 ratios at 3000 req/s. Rates are multiples of the pool's no-reuse
-capacity λ0 (:func:`~.grid.no_reuse_capacity`): our synthetic mixed workload's prompts
-are longer than the paper's Mixed, so its absolute rates (200–6000 req/s) would all be
-deep overload here.
+capacity λ0 (:func:`~.grid.no_reuse_capacity`): with our Mixed look-alike (mean prompt
+≈ 3.9K tokens) and the topology's β, λ0 ≈ 158 req/s on sim-8region, so the paper's
+absolute rates (200–6000 req/s) would all be deep overload here.
 """
 
 from __future__ import annotations

@@ -46,12 +46,14 @@ ABLATIONS = {
 @dataclass(frozen=True)
 class Cell:
     """One simulation: the policy at a Poisson rate on a topology, for ``requests``
-    arrivals of the synthetic mixed workload, plus the index-pipeline knobs of Table 4."""
+    arrivals of a workload (``make_workload``'s names; the paper's Mixed by default), plus
+    the index-pipeline knobs of Table 4."""
 
     policy: str
     rate: float
     seed: int = 0
     topology: str = "sim-8region"
+    workload: str = "mixed"
     requests: int = 2000
     ablation: str = ""
     jitter_pct: float = 0.0
@@ -62,11 +64,16 @@ class Cell:
 
     @property
     def key(self) -> str:
-        """The cell's folder name: every field that differs from the defaults."""
-        parts = [self.policy + (f"+{self.ablation}" if self.ablation else ""), f"r{self.rate:g}"]
+        """The cell's folder name: the workload, then every field that differs from the
+        defaults (a folder never stands for another workload's run)."""
+        parts = [
+            self.workload,
+            self.policy + (f"+{self.ablation}" if self.ablation else ""),
+            f"r{self.rate:g}",
+        ]
         defaults = Cell(self.policy, self.rate)
         for f in dataclasses.fields(self):
-            if f.name in ("policy", "rate", "ablation"):
+            if f.name in ("workload", "policy", "rate", "ablation"):
                 continue
             value = getattr(self, f.name)
             if value != getattr(defaults, f.name):
@@ -77,32 +84,34 @@ class Cell:
 CellRunner = Callable[[Cell, Path], None]
 
 
-def _workload(topology_name: str, seed: int, rate: float) -> Iterator[LiveRequest]:
-    """The requests every cell replays: the synthetic mixed workload over the topology's
-    regions (weighted by worker count)."""
-    from kvcompass.loadgen.workloads import RegionShares, SyntheticConfig, SyntheticWorkload
+def _workload(topology_name: str, workload: str, seed: int, rate: float) -> Iterator[LiveRequest]:
+    """The requests a cell replays, over the topology's regions weighted by worker count."""
+    from kvcompass.loadgen.workloads import make_workload
     from kvcompass.topology import load_builtin
 
-    shares = RegionShares.of(load_builtin(topology_name))
-    return SyntheticWorkload(SyntheticConfig(seed=seed, rate=rate), shares).requests()
+    return make_workload(workload, load_builtin(topology_name), rate, seed)
 
 
 @functools.cache
-def no_reuse_capacity(topology_name: str, sample: int = 2000) -> float:
+def no_reuse_capacity(topology_name: str, workload: str = "mixed", sample: int = 2000) -> float:
     """λ0 (req/s): the rate at which the pool is fully busy prefilling every prompt in
     full (paper §3.5), from the workload's mean prompt and each worker's β."""
     from kvcompass.topology import load_builtin
 
-    prompts = [len(r.tokens) for r in itertools.islice(_workload(topology_name, 0, 1.0), sample)]
+    prompts = [
+        len(r.tokens) for r in itertools.islice(_workload(topology_name, workload, 0, 1.0), sample)
+    ]
     mean_prompt = sum(prompts) / len(prompts)
     workers = load_builtin(topology_name).workers
     return sum(1e3 / (w.beta_ms_per_token * mean_prompt) for w in workers)
 
 
-def rates_of(topology_name: str, fractions: Sequence[float]) -> tuple[float, ...]:
+def rates_of(
+    topology_name: str, fractions: Sequence[float], workload: str = "mixed"
+) -> tuple[float, ...]:
     """Arrival rates (req/s, one decimal) at these multiples of λ0: the paper's absolute
     rates assume its workload's prompt lengths, ours differ, so grids scale by capacity."""
-    lam0 = no_reuse_capacity(topology_name)
+    lam0 = no_reuse_capacity(topology_name, workload)
     return tuple(round(f * lam0, 1) for f in fractions)
 
 
@@ -127,7 +136,7 @@ def simulate_cell(cell: Cell, folder: Path) -> None:
         resync=cell.resync,
         jitter_pct=cell.jitter_pct,
     )
-    workload = _workload(cell.topology, cell.seed, cell.rate)
+    workload = _workload(cell.topology, cell.workload, cell.seed, cell.rate)
     result = simulate(config, bounded(workload, count=cell.requests))
     result.config["cell"] = dataclasses.asdict(cell)
     result.write(folder)
