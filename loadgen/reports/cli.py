@@ -43,8 +43,8 @@ def _fig5b(a: argparse.Namespace) -> Artefact:
 def _table5(a: argparse.Namespace) -> Artefact:
     from kvcompass.loadgen.reports.table5 import end_to_end, run_table5
 
-    sizes = {"capacity": 50_000, "queries": 100_000} if a.quick else {}
-    art = run_table5(a.out, **sizes)
+    capacity, queries = (50_000, 100_000) if a.quick else (200_000, 500_000)
+    art = run_table5(a.out, capacity=capacity, queries=queries)
     print(end_to_end(a.out, a.quick))
     return art
 
