@@ -24,13 +24,16 @@ def policies() -> tuple[str, ...]:
 
 
 def color_of(policy: str) -> tuple[float, float, float, float]:
-    """One colour per policy in every panel and figure (tab20: eleven schemes exceed
-    the default cycle of ten)."""
+    """One colour per policy in every panel and figure: tab10 in POLICY_NAMES order, then
+    black and greys (eleven schemes exceed the default cycle of ten)."""
     from matplotlib import colormaps
 
     names = policies()
     i = names.index(policy) if policy in names else len(names)
-    return tuple(colormaps["tab20"](2 * i % 20 + (2 * i >= 20)))  # type: ignore[return-value]
+    if i < 10:
+        return tuple(colormaps["tab10"](i))  # type: ignore[return-value]
+    grey = min(0.15 * (i - 10), 0.6)
+    return (grey, grey, grey, 1.0)
 
 
 def collect(
