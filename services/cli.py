@@ -9,6 +9,7 @@ Usage: kvcompass demo [--seconds S] [--rate R] [--seed N] [--out DIR]   (--help)
        kvcompass worker [--help] (emulated GPU workers; settings from KVC_* variables)
        kvcompass wanproxy [--help]   (the WAN delay proxy; settings from KVC_* variables)
        kvcompass loadgen [options]   (replay a workload against the edge routers; --help)
+       kvcompass report ARTEFACT [--quick] [--out DIR] [--jobs N]   (a paper figure; --help)
        kvcompass sim run|sweep [options] (the event-driven simulator; --help)
 """
 
@@ -60,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "loadgen", help="replay a workload against the edge routers (kvcompass loadgen --help)"
     )
+    sub.add_parser("report", help="regenerate a paper figure or table (kvcompass report --help)")
     sub.add_parser(
         "sim", help="simulate a deployment on virtual time (kvcompass sim run|sweep --help)"
     )
@@ -90,6 +92,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kvcompass.loadgen.cli import main as loadgen_main
 
         return loadgen_main(argv[1:])
+    if argv[:1] == ["report"]:
+        from kvcompass.loadgen.reports.cli import main as report_main
+
+        return report_main(argv[1:])
     if argv[:1] == ["sim"]:
         from kvcompass.loadgen.sim.cli import main as sim_main
 

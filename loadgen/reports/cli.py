@@ -1,0 +1,135 @@
+"""``kvcompass report <artefact>``: regenerate one of the paper's figures or tables.
+
+Each artefact writes ``<artefact>.png``, ``.csv`` and ``.json`` into ``--out`` and prints
+its table. Simulator-based artefacts keep their runs under ``<out>/grid/`` and skip runs
+already complete there, so an interrupted report resumes and fig13/fig14 reuse fig12's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from kvcompass.loadgen.reports.common import Artefact, repo_root
+
+__all__ = ["ARTEFACTS", "main"]
+
+
+def _traces_dir(given: str | None) -> Path:
+    """--traces, else $KVC_TRACES, else the first ``shared/traces`` above the checkout."""
+    if given or os.environ.get("KVC_TRACES"):
+        return Path(given or os.environ["KVC_TRACES"])
+    for parent in repo_root().parents:
+        if (parent / "shared" / "traces").is_dir():
+            return parent / "shared" / "traces"
+    raise SystemExit("kvcompass report: no traces folder found; pass --traces DIR")
+
+
+def _fig2(a: argparse.Namespace) -> Artefact:
+    from kvcompass.loadgen.reports.fig2 import run_fig2
+
+    return run_fig2(_traces_dir(a.traces), a.out, seeds=3 if a.quick else 20)
+
+
+def _fig5b(a: argparse.Namespace) -> Artefact:
+    from kvcompass.loadgen.reports.fig5b import run_fig5b
+
+    return run_fig5b(_traces_dir(a.traces), a.out, limit=4000 if a.quick else None)
+
+
+def _table5(a: argparse.Namespace) -> Artefact:
+    from kvcompass.loadgen.reports.table5 import end_to_end, run_table5
+
+    capacity, queries = (50_000, 100_000) if a.quick else (200_000, 500_000)
+    art = run_table5(a.out, capacity=capacity, queries=queries)
+    print(end_to_end(a.out, a.quick))
+    return art
+
+
+def _fig9(a: argparse.Namespace) -> Artefact:
+    from kvcompass.loadgen.reports.fig9 import run_fig9
+
+    return run_fig9(a.out, quick=a.quick, jobs=a.jobs)
+
+
+def _fig12(a: argparse.Namespace) -> Artefact:
+    from kvcompass.loadgen.reports.fig12 import run_fig12
+
+    return run_fig12(a.out, quick=a.quick, jobs=a.jobs)
+
+
+def _fig13(a: argparse.Namespace) -> Artefact:
+    from kvcompass.loadgen.reports.fig13 import run_fig13
+
+    return run_fig13(a.out, quick=a.quick, jobs=a.jobs)
+
+
+def _fig14(a: argparse.Namespace) -> Artefact:
+    from kvcompass.loadgen.reports.fig14 import run_fig14
+
+    return run_fig14(a.out, quick=a.quick, jobs=a.jobs)
+
+
+def _fig15(a: argparse.Namespace) -> Artefact:
+    from kvcompass.loadgen.reports.fig15 import run_fig15
+
+    return run_fig15(a.out, quick=a.quick, jobs=a.jobs)
+
+
+def _fig16(a: argparse.Namespace) -> Artefact:
+    from kvcompass.loadgen.reports.fig12 import run_fig12
+
+    return run_fig12(a.out, quick=a.quick, jobs=a.jobs, scale="fig16")
+
+
+def _table4(a: argparse.Namespace) -> Artefact:
+    from kvcompass.loadgen.reports.table4 import run_table4
+
+    return run_table4(a.out, quick=a.quick, jobs=a.jobs)
+
+
+#: artefact → (what it shows, how to make it)
+ARTEFACTS: dict[str, tuple[str, Callable[[argparse.Namespace], Artefact]]] = {
+    "fig2": ("share of reusable prefixes cached only in another region (traces)", _fig2),
+    "fig5b": ("latency-derived levels vs fixed grids, by table budget (traces)", _fig5b),
+    "table5": ("structural false hits of the keyless index by load, ± fingerprints", _table5),
+    "fig9": ("mean queueing delay vs offered load, with the M/G/1 curve (sim)", _fig9),
+    "fig12": ("P99 TTFT vs rate, TTFT/E2E CDFs, throughput; sim-8region (sim)", _fig12),
+    "fig13": ("prefill tokens reused vs recomputed per scheme (sim)", _fig13),
+    "fig14": ("per-worker load-factor heatmaps with each scheme's peak (sim)", _fig14),
+    "fig15": ("ablations: throughput with one mechanism off (sim)", _fig15),
+    "fig16": ("Fig. 12 on sim-16region, 128 workers (sim)", _fig16),
+    "table4": ("WAN jitter, update loss/delay, loss with resync (sim)", _table4),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    listing = "\n".join(f"  {name:7} {what}" for name, (what, _) in ARTEFACTS.items())
+    p = argparse.ArgumentParser(
+        prog="kvcompass report",
+        description="Regenerate one paper artefact: PNG + CSV + JSON, and a table on stdout.",
+        epilog=f"artefacts:\n{listing}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("artefact", choices=list(ARTEFACTS), metavar="ARTEFACT")
+    p.add_argument(
+        "--quick", action="store_true", help="small sizes (each artefact ≤ 5 min on 2 cores)"
+    )
+    p.add_argument("--out", type=Path, default=Path("results/reports"), help="output folder")
+    p.add_argument("--jobs", type=int, default=1, help="parallel simulation processes")
+    p.add_argument("--traces", default=None, help="folder of the Mooncake traces (fig2, fig5b)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.jobs < 1:
+        print("kvcompass report: --jobs must be at least 1", file=sys.stderr)
+        return 2
+    art = ARTEFACTS[args.artefact][1](args)
+    print(art.table())
+    print(f"wrote {args.out / art.name}.{{png,csv,json}}")
+    return 0

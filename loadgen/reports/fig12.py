@@ -1,0 +1,155 @@
+"""Fig. 12 (sim-8region, 64 workers) and Fig. 16 (sim-16region, 128 workers).
+
+Panels: P99 TTFT vs arrival rate per scheme; the TTFT and E2E distributions (CDFs) and
+each scheme's throughput (prompt + output tokens per simulated second) at one focus
+rate. The JSON holds each baseline's P99 TTFT over KVCompass's at the focus rate, beside
+the paper's §5.3 ratios at 3000 req/s. Rates are multiples of the pool's no-reuse
+capacity λ0 (:func:`~.grid.no_reuse_capacity`): with our Mixed look-alike (mean prompt
+≈ 3.9K tokens) and the topology's β, λ0 ≈ 158 req/s on sim-8region, so the paper's
+absolute rates (200–6000 req/s) would all be deep overload here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
+
+from kvcompass.loadgen.reports.common import Artefact
+from kvcompass.loadgen.reports.grid import Cell, CellRunner, rates_of, simulate_cell
+from kvcompass.loadgen.reports.runs import Run
+from kvcompass.loadgen.reports.sweep import collect, color_of, plot_cdf, policies, rate_rows
+
+__all__ = ["SCALES", "Scale", "cells", "figure", "focus_rate", "p99_ratios", "run_fig12"]
+
+METRICS = (
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "e2e_p99_ms",
+    "throughput_req_per_s",
+    "throughput_tokens_per_s",
+    "reuse_share",
+    "cross_region_share",
+)
+COLUMNS = ("policy", "rate", "seeds", *METRICS)
+#: Paper §5.3: baseline P99 TTFT over KVCompass's, Mixed, 3000 req/s.
+PAPER_RATIOS = {
+    "central-directory": 1.6,
+    "planetserve": 5.7,
+    "skywalker": 6.2,
+    "dht": 14.0,
+    "consistent-hashing": 14.0,
+    "dynamo": 1.3,
+}
+
+
+@dataclass(frozen=True)
+class Scale:
+    """A figure's topology, its rates and focus rate as multiples of the pool's no-reuse
+    capacity λ0 (full and ``--quick``), and requests per cell."""
+
+    name: str
+    topology: str
+    loads: tuple[float, ...]
+    quick_loads: tuple[float, ...]
+    focus: float
+    requests: int
+    quick_requests: int
+
+
+SCALES = {
+    "fig12": Scale(
+        "fig12",
+        "sim-8region",
+        (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0),
+        (0.5, 1.0),
+        1.0,
+        6000,
+        300,
+    ),
+    "fig16": Scale(
+        "fig16", "sim-16region", (0.25, 0.5, 1.0, 1.5, 2.0, 3.0), (0.5, 1.0), 1.0, 8000, 300
+    ),
+}
+
+
+def cells(scale: Scale, quick: bool) -> list[Cell]:
+    rates = rates_of(scale.topology, scale.quick_loads if quick else scale.loads)
+    n = scale.quick_requests if quick else scale.requests
+    return [Cell(p, r, 0, topology=scale.topology, requests=n) for p in policies() for r in rates]
+
+
+def focus_rate(scale: Scale) -> float:
+    return rates_of(scale.topology, [scale.focus])[0]
+
+
+def p99_ratios(rows: Sequence[Mapping[str, Any]], rate: float) -> dict[str, float]:
+    """Each scheme's P99 TTFT over KVCompass's at ``rate`` (>1: KVCompass is lower)."""
+    at = {str(r["policy"]): float(r["ttft_p99_ms"]) for r in rows if r["rate"] == rate}
+    base = at.get("kvcompass")
+    if not base:
+        return {}
+    return {p: v / base for p, v in at.items() if p != "kvcompass"}
+
+
+def figure(rows: Sequence[Mapping[str, Any]], focus_runs: Mapping[str, Run], title: str) -> Figure:
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
+    p99, ttft, e2e, thr = axes
+    for p in dict.fromkeys(str(r["policy"]) for r in rows):
+        pts = [(float(r["rate"]), float(r["ttft_p99_ms"])) for r in rows if r["policy"] == p]
+        p99.plot(*zip(*pts, strict=True), marker="o", label=p, color=color_of(p))
+    p99.set_yscale("log")
+    p99.set_xlabel("arrival rate (requests/s)")
+    p99.set_ylabel("P99 TTFT (ms)")
+    p99.set_title(f"{title}: P99 TTFT")
+    for name, run in focus_runs.items():
+        plot_cdf(ttft, run.requests["ttft_ms"], name)
+        plot_cdf(e2e, run.requests["e2e_ms"], name)
+    for ax, what in ((ttft, "TTFT"), (e2e, "end-to-end latency")):
+        ax.set_xscale("log")
+        ax.set_xlabel(f"{what} (ms, log)")
+        ax.set_ylabel("share of requests")
+        ax.set_title(f"{what} CDF")
+    names = list(focus_runs)
+    x = np.arange(len(names))
+    tput = [float(focus_runs[n].summary.get("throughput_tokens_per_s", np.nan)) for n in names]
+    thr.bar(x, np.array(tput) / 1e3, color=[color_of(n) for n in names])
+    thr.set_xticks(x, names, rotation=45, ha="right")
+    thr.set_ylabel("throughput (K tokens/s)")
+    thr.set_title("throughput at the focus rate")
+    for ax in axes:
+        ax.grid(True, which="both", alpha=0.3)
+    p99.legend(fontsize=8)
+    return fig
+
+
+def run_fig12(
+    out: Path,
+    *,
+    quick: bool,
+    jobs: int = 1,
+    scale: str = "fig12",
+    runner: CellRunner = simulate_cell,
+) -> Artefact:
+    s = SCALES[scale]
+    runs = collect(cells(s, quick), out, jobs, runner)
+    focus = focus_rate(s)
+    rows = rate_rows(runs, METRICS)
+    focus_runs = {c.policy: r for c, r in runs.items() if c.rate == focus}
+    art = Artefact(s.name, COLUMNS, rows)
+    art.meta = {
+        "topology": s.topology,
+        "quick": quick,
+        "focus_rate": focus,
+        "lambda0_req_per_s": focus / s.focus,
+        "rates_as_lambda0_multiples": s.quick_loads if quick else s.loads,
+        "p99_ttft_over_kvcompass": p99_ratios(rows, focus),
+        "paper_p99_ttft_over_kvcompass_3000rps": PAPER_RATIOS,
+    }
+    art.write(out, figure(rows, focus_runs, f"{s.topology}"))
+    return art

@@ -1,0 +1,105 @@
+"""Fig. 14: per-worker load factor over time, one heatmap per scheme, with its peak.
+
+Load factor (the simulator's, Fig. 14's definition): a worker's busy prefill time in a
+sample window over the pool's mean in that window. A scheme's peak is its hottest
+worker's time-averaged load factor (paper §5.3), not the largest single sample.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
+from numpy.typing import NDArray
+
+from kvcompass.loadgen.reports.common import Artefact
+from kvcompass.loadgen.reports.fig12 import SCALES, cells, focus_rate
+from kvcompass.loadgen.reports.grid import CellRunner, simulate_cell
+from kvcompass.loadgen.reports.runs import Run
+from kvcompass.loadgen.reports.sweep import collect
+
+__all__ = ["figure", "load_matrix", "peak_load_factor", "run_fig14"]
+
+COLUMNS = ("policy", "workers", "windows", "peak_load_factor", "hottest_worker")
+
+
+def load_matrix(run: Run) -> tuple[list[str], NDArray[np.float64]]:
+    """(workers, matrix[worker, window]) of load factors; a missing sample counts as 0."""
+    t = run.load["t_s"]
+    workers = sorted({str(w) for w in run.load["worker"]})
+    times = np.unique(t)
+    m = np.zeros((len(workers), len(times)))
+    wi = {w: i for i, w in enumerate(workers)}
+    ti = np.searchsorted(times, t)
+    for w, j, v in zip(run.load["worker"], ti, run.load["load_factor"], strict=True):
+        m[wi[str(w)], j] = v
+    return workers, m
+
+
+def peak_load_factor(run: Run) -> tuple[float, str]:
+    """The hottest worker's time-averaged load factor, and which worker it is."""
+    workers, m = load_matrix(run)
+    if not workers:
+        return float("nan"), ""
+    means = m.mean(axis=1)
+    i = int(np.argmax(means))
+    return float(means[i]), workers[i]
+
+
+def figure(runs: Mapping[str, Run]) -> Figure:
+    n = max(len(runs), 1)
+    cols = min(n, 4)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False, layout="constrained"
+    )
+    vmax = 2.0
+    image = None
+    for ax, (policy, run) in zip(axes.flat, runs.items(), strict=False):
+        _, m = load_matrix(run)
+        image = ax.imshow(m, aspect="auto", cmap="magma", vmin=0, vmax=vmax, origin="lower")
+        peak, _ = peak_load_factor(run)
+        ax.set_title(f"{policy} (peak {peak:.2f})", fontsize=9)
+        ax.set_xlabel("window")
+        ax.set_ylabel("worker")
+    for ax in list(axes.flat)[len(runs) :]:
+        ax.axis("off")
+    if image is not None:
+        fig.colorbar(image, ax=axes.ravel().tolist(), label="load factor", shrink=0.8)
+    return fig
+
+
+def run_fig14(
+    out: Path, *, quick: bool, jobs: int = 1, runner: CellRunner = simulate_cell
+) -> Artefact:
+    s = SCALES["fig12"]
+    focus = focus_rate(s)
+    grid = [c for c in cells(s, quick) if c.rate == focus]
+    runs = {c.policy: r for c, r in collect(grid, out, jobs, runner).items()}
+    rows: list[dict[str, Any]] = []
+    for policy, run in runs.items():
+        workers, m = load_matrix(run)
+        peak, hottest = peak_load_factor(run)
+        rows.append(
+            {
+                "policy": policy,
+                "workers": len(workers),
+                "windows": m.shape[1],
+                "peak_load_factor": peak,
+                "hottest_worker": hottest,
+            }
+        )
+    art = Artefact("fig14", COLUMNS, rows)
+    art.meta = {
+        "topology": s.topology,
+        "rate": focus,
+        "quick": quick,
+        "peak": "hottest worker's time-averaged load factor",
+    }
+    art.write(out, figure(runs))
+    return art

@@ -1,0 +1,89 @@
+"""Fig. 15: ablations, one KVCompass mechanism off at a time.
+
+The paper measured closed-loop throughput on its testbed; here each variant runs in the
+simulator at one open-loop rate, the pool's no-reuse capacity λ0, and throughput is shown as a
+share of the full design's (with P99 TTFT beside it in the CSV).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
+
+from kvcompass.loadgen.reports.common import Artefact
+from kvcompass.loadgen.reports.grid import ABLATIONS, Cell, CellRunner, rates_of, simulate_cell
+from kvcompass.loadgen.reports.runs import Run
+from kvcompass.loadgen.reports.sweep import collect, mean_of
+
+__all__ = ["cells", "figure", "run_fig15", "tabulate"]
+
+COLUMNS = ("variant", "throughput_tokens_per_s", "relative_throughput_pct", "ttft_p99_ms")
+#: Paper Fig. 15: throughput relative to the full design (%).
+PAPER = {
+    "full": 100.0,
+    "no-load-aware": 62.4,
+    "no-xregion-reuse": 90.4,
+    "tier-blind": 94.5,
+    "no-kv-migration": 88.6,
+}
+
+
+def cells(quick: bool, topology: str = "sim-8region") -> list[Cell]:
+    rate = rates_of(topology, [1.0])[0]
+    n = 400 if quick else 8000
+    seeds = (0,) if quick else (0, 1, 2)
+    return [
+        Cell("kvcompass", rate, s, topology=topology, requests=n, ablation=a)
+        for a in ("", *ABLATIONS)
+        for s in seeds
+    ]
+
+
+def tabulate(runs: Mapping[Cell, Run]) -> list[dict[str, Any]]:
+    groups: dict[str, list[Run]] = {}
+    for c, r in runs.items():
+        groups.setdefault(c.ablation or "full", []).append(r)
+    full = mean_of(groups.get("full", []), "throughput_tokens_per_s")
+    rows = []
+    for variant, group in groups.items():
+        tput = mean_of(group, "throughput_tokens_per_s")
+        rows.append(
+            {
+                "variant": variant,
+                "throughput_tokens_per_s": tput,
+                "relative_throughput_pct": 100 * tput / full if full else float("nan"),
+                "ttft_p99_ms": mean_of(group, "ttft_p99_ms"),
+                "paper_pct": PAPER.get(variant, float("nan")),
+            }
+        )
+    return rows
+
+
+def figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    x = np.arange(len(rows))
+    ours = [float(r["relative_throughput_pct"]) for r in rows]
+    paper = [float(r.get("paper_pct", np.nan)) for r in rows]
+    ax.bar(x - 0.2, ours, 0.4, label="ours (simulated)", color="tab:blue")
+    ax.bar(x + 0.2, paper, 0.4, label="paper (testbed)", color="tab:gray")
+    ax.set_xticks(x, [str(r["variant"]) for r in rows], rotation=20, ha="right")
+    ax.set_ylabel("throughput (% of full)")
+    ax.set_title("Ablation: one mechanism removed at a time")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend()
+    return fig
+
+
+def run_fig15(
+    out: Path, *, quick: bool, jobs: int = 1, runner: CellRunner = simulate_cell
+) -> Artefact:
+    grid = cells(quick)
+    art = Artefact("fig15", (*COLUMNS, "paper_pct"), tabulate(collect(grid, out, jobs, runner)))
+    art.meta = {"topology": grid[0].topology, "rate": grid[0].rate, "quick": quick}
+    art.write(out, figure(art.rows))
+    return art

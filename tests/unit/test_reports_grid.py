@@ -1,0 +1,52 @@
+"""The grid runner resumes: cells with a complete summary.json are not run again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kvcompass.loadgen.reports.grid import Cell, run_grid
+
+
+class _Counting:
+    def __init__(self) -> None:
+        self.ran: list[Cell] = []
+
+    def __call__(self, cell: Cell, folder: Path) -> None:
+        self.ran.append(cell)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "summary.json").write_text(json.dumps({"summary": {}, "config": {}}))
+
+
+CELLS = [Cell(p, r) for p in ("kvcompass", "random") for r in (100.0, 200.0)]
+
+
+def test_second_run_skips_every_complete_cell(tmp_path: Path) -> None:
+    runner = _Counting()
+    folders = run_grid(CELLS, tmp_path, runner=runner, progress=False)
+    assert sorted(runner.ran, key=str) == sorted(CELLS, key=str)
+    assert len(set(folders.values())) == len(CELLS)
+    again = _Counting()
+    run_grid(CELLS, tmp_path, runner=again, progress=False)
+    assert again.ran == []
+
+
+def test_incomplete_or_missing_summary_reruns_only_that_cell(tmp_path: Path) -> None:
+    run_grid(CELLS, tmp_path, runner=_Counting(), progress=False)
+    (tmp_path / CELLS[0].key / "summary.json").write_text('{"summ')  # cut mid-write
+    (tmp_path / CELLS[1].key / "summary.json").unlink()
+    again = _Counting()
+    run_grid(CELLS, tmp_path, runner=again, progress=False)
+    assert sorted(again.ran, key=str) == sorted(CELLS[:2], key=str)
+
+
+def test_cell_keys_differ_by_every_knob() -> None:
+    cells = [
+        Cell("kvcompass", 100),
+        Cell("kvcompass", 100, seed=1),
+        Cell("kvcompass", 100, ablation="tier-blind"),
+        Cell("kvcompass", 100, update_loss=0.3),
+        Cell("kvcompass", 100, update_loss=0.3, resync=True),
+        Cell("kvcompass", 100, jitter_pct=50),
+    ]
+    assert len({c.key for c in cells}) == len(cells)

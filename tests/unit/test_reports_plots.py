@@ -1,0 +1,103 @@
+"""Each simulator-based report, fed hand-made run folders, writes a PNG and its CSV."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvcompass.loadgen.reports.common import Artefact
+from kvcompass.loadgen.reports.fig9 import run_fig9
+from kvcompass.loadgen.reports.fig12 import run_fig12
+from kvcompass.loadgen.reports.fig13 import run_fig13
+from kvcompass.loadgen.reports.fig14 import peak_load_factor, run_fig14
+from kvcompass.loadgen.reports.fig15 import run_fig15
+from kvcompass.loadgen.reports.grid import Cell
+from kvcompass.loadgen.reports.runs import load_run
+from kvcompass.loadgen.reports.table4 import run_table4
+from kvcompass.loadgen.sim import LoadSample, SimRecord, SimResult
+
+
+def fake_run(cell: Cell, folder: Path) -> None:
+    """A small, deterministic hand-made :class:`SimResult` for the cell, written as the
+    simulator writes it."""
+    rng = np.random.default_rng(sum(map(ord, cell.key)))
+    workers = [f"w{i}" for i in range(4)]
+    records = []
+    for i in range(40):
+        prompt = int(rng.integers(100, 4000))
+        reused = int(rng.integers(0, prompt))
+        ttft = float(rng.exponential(100))
+        records.append(
+            SimRecord(
+                request_id=f"r{i}",
+                session="s",
+                tenant="t",
+                origin="a",
+                policy=cell.policy,
+                worker=workers[i % 4],
+                worker_region="a",
+                arrival_s=i / cell.rate,
+                prompt_tokens=prompt,
+                output_tokens=20,
+                matched_tokens=reused + int(rng.integers(0, 2)) * 64,
+                reused_tokens=reused,
+                dram_tokens=0,
+                lookup_ms=0.0,
+                wan_ms=10.0,
+                queue_ms=float(rng.exponential(5)),
+                prefill_ms=float(rng.exponential(30)),
+                reload_ms=0.0,
+                ttft_ms=ttft,
+                e2e_ms=ttft + 200,
+                reason="score",
+            )
+        )
+    samples = [
+        LoadSample(float(t), w, 1.0, 1, 0.5 + 0.5 * k)
+        for t in range(5)
+        for k, w in enumerate(workers)
+    ]
+    SimResult(records, samples, {"policy": cell.policy}, wall_s=0.1).write(folder)
+
+
+Report = Callable[..., Artefact]
+
+
+@pytest.mark.parametrize(
+    ("report", "name"),
+    [
+        (run_fig9, "fig9"),
+        (run_fig12, "fig12"),
+        (run_fig13, "fig13"),
+        (run_fig14, "fig14"),
+        (run_fig15, "fig15"),
+        (run_table4, "table4"),
+    ],
+)
+def test_report_writes_png_and_csv_with_its_columns(
+    report: Report, name: str, tmp_path: Path
+) -> None:
+    art = report(tmp_path, quick=True, runner=fake_run)
+    assert (tmp_path / f"{name}.png").stat().st_size > 1000
+    with (tmp_path / f"{name}.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert rows
+    assert list(rows[0]) == list(art.columns)
+    assert json.loads((tmp_path / f"{name}.json").read_text())["artefact"] == name
+
+
+def test_fig16_uses_the_16_region_topology(tmp_path: Path) -> None:
+    art = run_fig12(tmp_path, quick=True, scale="fig16", runner=fake_run)
+    assert art.meta["topology"] == "sim-16region"
+    assert (tmp_path / "fig16.png").stat().st_size > 1000
+
+
+def test_peak_is_the_hottest_workers_time_average(tmp_path: Path) -> None:
+    fake_run(Cell("random", 10), tmp_path)
+    peak, worker = peak_load_factor(load_run(tmp_path))
+    assert (peak, worker) == (2.0, "w3")
