@@ -101,11 +101,11 @@ class EdgeViews:
             return False, self.detail
         age = self.age_s()
         how = (
-            "routing from the last loaded views"
+            "routing from the last loaded views while the edge still maps them"
             if age <= self._stale_s
             else f"routing without the index (views older than {self._stale_s:g} s)"
         )
-        return False, f"{self.detail}; {how}, last live {age:.1f} s ago"
+        return False, f"{self.detail}; last live {age:.1f} s ago; {how}"
 
     def age_s(self) -> float:
         if self._live or self._live_at is None:

@@ -101,11 +101,14 @@ def wait_indexed(stack: LocalStack, region: str, prompt: list[int], worker: str)
 
 
 def readyz(stack: LocalStack, region: str) -> tuple[int, dict[str, Any]]:
+    """(status, body) of the router's /readyz; (0, {}) while nothing answers."""
     try:
         with urllib.request.urlopen(stack.router_urls[region] + "/readyz", timeout=5) as reply:
             return reply.status, json.loads(reply.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
+    except OSError:
+        return 0, {}
 
 
 def metric(stack: LocalStack, region: str, sample: str) -> float:
@@ -134,6 +137,26 @@ def test_a_killed_router_comes_back_ready_and_routes_with_the_index(stack: Local
     assert headers["x-kvc-worker"] == holder
     assert headers["x-kvc-index"] == "live"
     assert int(headers["x-kvc-claimed-tokens"]) == len(prompt)
+    # A router that starts while its edge is down takes no traffic until it has the
+    # index (its peers, if any, serve), then routes with it.
+    stack.kill("edge-eu")
+    stack.kill("router-eu")
+    stack.restart("router-eu", wait=False)
+
+    def answered() -> tuple[int, dict[str, Any]] | None:
+        reply = readyz(stack, "eu")
+        return reply if reply[0] else None
+
+    status, body = poll_until(answered, 30, "the router answers")
+    assert status == 503, body
+    assert body["conditions"]["views"] == {
+        "ok": False,
+        "detail": body["conditions"]["views"]["detail"],
+        "required": True,
+    }
+    stack.restart("edge-eu")
+    poll_until(lambda: readyz(stack, "eu")[0] == 200, 30, "the router ready with its edge")
+    assert complete(stack, "eu", prompt)["x-kvc-worker"] == holder
 
 
 def test_a_dead_edge_degrades_routing_not_service_and_its_restart_restores_it(
@@ -154,9 +177,7 @@ def test_a_dead_edge_degrades_routing_not_service_and_its_restart_restores_it(
     assert metric(stack, "asia", 'kvc_router_index_decisions_total{index="none"}') >= 3
     _, body = readyz(stack, "asia")
     assert body["conditions"]["views"]["required"] is False
-    assert "without the index" in body["conditions"]["views"]["detail"] or (
-        "last loaded" in body["conditions"]["views"]["detail"]
-    )
+    assert "is gone" in body["conditions"]["views"]["detail"], body
     # The restarted edge bootstraps from the snapshots and replays: the holder is back.
     stack.restart("edge-asia")
     poll_until(lambda: views_live(stack, "asia"), 30, "the router sees its edge back")
