@@ -248,5 +248,9 @@ def test_broker_gone_and_back_requests_are_answered_and_the_index_converges(
     holder_after = complete(stack, "us", after)["x-kvc-worker"]
     wait_indexed(stack, "us", after, holder_after)
     headers = complete(stack, "us", after)
-    assert (headers["x-kvc-worker"], headers["x-kvc-index"]) == (holder_after, "live")
+    assert headers["x-kvc-worker"] == holder_after
+    # Not "none": the views hold the prefix. After a memory broker's restart the edges
+    # also reload shards from newer snapshots for a while (their patch stream restarts
+    # at the snapshots' positions), and a request may meet one reloading ("stale").
+    assert headers["x-kvc-index"] in ("live", "stale")
     assert stack.exited() == []
