@@ -88,7 +88,7 @@ def _router_main(port: int, upstream: str, policy: str) -> None:
     from kvcompass.topology import load_builtin
 
     topology = load_builtin("testbed-3region")
-    views = EdgeViews(f"bench-none-{os.getpid()}", IndexLayout.from_topology(topology))
+    views = EdgeViews(f"bench-none-{os.getpid()}", IndexLayout.from_topology(topology), 30.0)
     # Every worker is the one stub: whichever the policy picks answers.
     urls = {w.index: upstream for w in topology.workers}
     router = RouterApp(
@@ -98,7 +98,7 @@ def _router_main(port: int, upstream: str, policy: str) -> None:
         upstream=Upstream(urls, {w.index: w.id for w in topology.workers},
                           connect_timeout_s=1, request_timeout_s=10, stream_idle_timeout_s=10),
         tenancy=Tenancy(""), tokenizer=ByteTokenizer(), health=Health(),
-        registry=CollectorRegistry(), views_ready=lambda: (True, ""), max_body_bytes=8 << 20,
+        registry=CollectorRegistry(), index=views, max_body_bytes=8 << 20,
     )  # fmt: skip
 
     async def nothing() -> None:

@@ -95,6 +95,7 @@ class LocalStack:
         self._status_ports: list[int] = []
         self.infra: RunningInfra | None = None
         self._components: dict[str, _Component] = {}
+        self._killed: dict[str, _Component] = {}  # by kill(), for restart()
         self._order: list[str] = []
         self._proxy_map: dict[str, dict[str, str]] = {}
 
@@ -152,6 +153,27 @@ class LocalStack:
         if comp.popen is not None:
             comp.popen.kill()
             comp.popen.wait(30)
+        self._killed[name] = comp
+
+    def restart(self, name: str, *, wait: bool = True) -> None:
+        """Start a killed or exited component again, as its supervisor would, and (with
+        ``wait``) wait until it is ready."""
+        comp = self._killed.pop(name, None)
+        if comp is None:
+            comp = self._components.pop(name)
+            self._order.remove(name)
+            if comp.popen is None or comp.popen.poll() is None:
+                raise RuntimeError(f"{name} is running: kill it first")
+        comp.popen = None
+        self._launch(comp, wait=wait)
+
+    def exited(self) -> list[str]:
+        """Components whose process has ended (not counting killed ones)."""
+        return [
+            n
+            for n in self._order
+            if (p := self._components[n].popen) is not None and p.poll() is not None
+        ]
 
     def post_json(
         self, url: str, body: Mapping[str, Any], key: str | None = None, timeout: float = 30.0
@@ -320,7 +342,7 @@ class LocalStack:
 
     # -- processes -----------------------------------------------------------------------
 
-    def _launch(self, *comps: _Component) -> None:
+    def _launch(self, *comps: _Component, wait: bool = True) -> None:
         """Start ``comps`` together, then wait until each is ready (one deadline)."""
         for comp in comps:
             with comp.log_path.open("ab") as log:
@@ -337,7 +359,7 @@ class LocalStack:
             self._components[comp.name] = comp
             self._order.append(comp.name)
         deadline = time.monotonic() + self.config.ready_timeout_s
-        waiting = list(comps)
+        waiting = list(comps) if wait else []
         while waiting:
             for comp in list(waiting):
                 assert comp.popen is not None

@@ -158,11 +158,21 @@ def consumer_config(
 
 
 def producer_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
-    """An idempotent producer: retries never duplicate or reorder a partition's records."""
+    """An ordered producer: one request in flight per connection, so retries never
+    reorder a partition's records; a retry may duplicate one, which every consumer drops
+    by its own sequence numbers (a worker's batch seq at the MU, a patch seq at the edge).
+
+    Not librdkafka's idempotence: it keeps producer state on the broker, and a broker that
+    comes back without it (the embedded memory broker, a rebuilt cluster) fails every
+    idempotent producer fatally (UNKNOWN_PRODUCER_ID). That killed every worker host and
+    lost its buffered events; this producer delivers them once the broker is back.
+    """
     return {
         "bootstrap.servers": bootstrap,
         "logger": KafkaLog(),
-        "enable.idempotence": True,
+        "enable.idempotence": False,
+        "max.in.flight.requests.per.connection": 1,
+        "acks": "all",
         "linger.ms": 1,
         "message.max.bytes": MAX_MESSAGE_BYTES,
         **extra,

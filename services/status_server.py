@@ -57,7 +57,7 @@ class StatusServer:
             ready = health.ready()
             body = {
                 "ready": ready,
-                "conditions": {n: {"ok": c.ok, "detail": c.detail} for n, c in report.items()},
+                "conditions": health.conditions_json(),
                 "failing": {n: c.detail for n, c in report.items() if not c.ok},
             }
             return (200 if ready else 503), body

@@ -129,6 +129,28 @@ class RunningInfra:
         self._popens.clear()
         return results
 
+    def kill(self, name: str) -> ServerProcess:
+        """SIGKILL the started server ``name`` (fault injection); returns its record."""
+        proc = next(p for p in self.state.processes if p.name == name)
+        popen = self._popens.pop(proc.pid)
+        popen.kill()
+        popen.wait(10)
+        return proc
+
+    def restart(self, name: str) -> None:
+        """Start server ``name`` again with its recorded command line (same port), after
+        :meth:`kill`. A memory broker comes back empty: the topics are created again."""
+        old = next(p for p in self.state.processes if p.name == name)
+        log_path = Path(old.log)
+        popen = spawn(old.argv, log_path, detach=False)
+        wait_ready(popen, name, self.settings.host, old.port, self.settings.start_timeout, log_path)
+        self._popens[popen.pid] = popen
+        new = replace(old, pid=popen.pid, start_ticks=start_ticks(popen.pid))
+        procs = tuple(new if p.name == name else p for p in self.state.processes)
+        self.state = replace(self.state, processes=procs)
+        if name == KAFKA:
+            ensure_topics(self.kafka_bootstrap, self.settings, timeout=self.settings.start_timeout)
+
     def detach(self) -> None:
         """Leave the servers running after this process exits (``kvcompass infra up``)."""
         with warnings.catch_warnings():  # Popen.__del__ warns about children still running

@@ -52,6 +52,12 @@ class MaintenanceMetrics:
             "kvc.events offsets a takeover needed that the log no longer holds.",
             registry=r,
         )
+        self.events_log_resets = Counter(
+            "kvc_mu_events_log_resets",
+            "Takeovers that found the event log ending before the snapshot's position (the "
+            "broker lost its log) and read the new log from its start.",
+            registry=r,
+        )
         self.foreign_patches = Counter(
             "kvc_mu_foreign_patches",
             "Patch batches of another owner found on this unit's patch partitions.",

@@ -317,7 +317,7 @@ class MaintenanceUnit:
             self.metrics.foreign_patches.inc(tail.foreign)
         events = TopicPartition(s.topic_events, shard)
         try:
-            low, _ = _opened(self._tail).get_watermark_offsets(events, timeout=_BROKER_TIMEOUT_S)
+            low, high = _opened(self._tail).get_watermark_offsets(events, timeout=_BROKER_TIMEOUT_S)
             committed = _opened(self._consumer).committed([events], timeout=_BROKER_TIMEOUT_S)
         except KafkaException as exc:
             raise Transient(f"broker did not answer while taking over shard {shard}") from exc
@@ -327,12 +327,21 @@ class MaintenanceUnit:
             stream_end=tail.end,
             committed=committed[0].offset >= 0,
             events_low=low,
+            events_high=high,
         )
         if takeover.snapshot_refused:
             slog.error("snapshot_refused", reason=takeover.snapshot_refused)
         if takeover.snapshot_lost:
             slog.error("snapshot_lost", rebuild_from_offset=takeover.resume_offset)
             self.metrics.lost_snapshots.inc()
+        if takeover.log_reset:
+            slog.error(
+                "events_log_reset",
+                snapshot_offset=snapshot.meta.events_offset if snapshot else None,
+                log_end=high,
+                effect="the broker lost the event log; the new one is read from its start",
+            )
+            self.metrics.events_log_resets.inc()
         if takeover.events_gone:
             slog.error("events_gone", count=takeover.events_gone, resume=takeover.resume_offset)
             self.metrics.events_gone.inc(takeover.events_gone)

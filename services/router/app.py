@@ -47,6 +47,7 @@ from kvcompass.services.router.policy import (
 from kvcompass.services.router.tenancy import Tenancy
 from kvcompass.services.router.tokenizer import Tokenizer
 from kvcompass.services.router.upstream import Upstream, UpstreamFailed, sse_events
+from kvcompass.services.router.views import IndexMode, IndexStatus
 from kvcompass.topology import Topology
 
 __all__ = ["RouterApp"]
@@ -69,7 +70,7 @@ class RouterApp:
         tokenizer: Tokenizer,
         health: Health,
         registry: CollectorRegistry,
-        views_ready: Callable[[], tuple[bool, str]],
+        index: IndexStatus,
         max_body_bytes: int,
         discovery_wait: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -84,7 +85,8 @@ class RouterApp:
         self.health = health
         self.registry = registry
         self.metrics = RouterMetrics(registry)
-        self._views_ready = views_ready
+        self.metrics.index_age.set_function(index.age_s)
+        self.index = index
         self._max_body = max_body_bytes
         self._discovery_wait = discovery_wait
         self._ids = {w.index: w.id for w in topology.workers}
@@ -158,7 +160,7 @@ class RouterApp:
 
     def _decide(
         self, tenant: str, request_id: str, tokens: NDArray[np.uint32], explain: bool = False
-    ) -> tuple[Decision, float]:
+    ) -> tuple[Decision, float, IndexMode]:
         route = RouteRequest(
             request_id=request_id,
             tokens=tokens,
@@ -176,8 +178,9 @@ class RouterApp:
                 type="server_error",
             ) from None
         seconds = time.perf_counter() - start
-        self.metrics.decided(decision, seconds)
-        return decision, seconds
+        mode = self.index.mode
+        self.metrics.decided(decision, seconds, mode)
+        return decision, seconds, mode
 
     async def route(self, request: Request) -> Response:
         tenant = self.tenancy.tenant(request.headers.get("authorization"))
@@ -185,18 +188,17 @@ class RouterApp:
         model = self.topology.model
         parse = parse_chat if "messages" in body else parse_completion
         parsed = parse(body, model.name, model.context_tokens, self.tokenizer)
-        decision, seconds = self._decide(tenant, _request_id(request), parsed.tokens, True)
-        return JSONResponse(
-            decision_json(
-                decision,
-                self.topology,
-                policy=self.policy.name,
-                origin=self.region,
-                namespace=tenant,
-                prompt_tokens=len(parsed.tokens),
-                decide_us=seconds * 1e6,
-            )
+        decision, seconds, mode = self._decide(tenant, _request_id(request), parsed.tokens, True)
+        answer = decision_json(
+            decision,
+            self.topology,
+            policy=self.policy.name,
+            origin=self.region,
+            namespace=tenant,
+            prompt_tokens=len(parsed.tokens),
+            decide_us=seconds * 1e6,
         )
+        return JSONResponse({**answer, "index": mode})
 
     async def completions(self, request: Request) -> Response:
         return await self._complete(request, chat=False)
@@ -207,7 +209,7 @@ class RouterApp:
     async def _complete(self, request: Request, chat: bool) -> Response:
         tenant, parsed = await self._parsed(request, chat)
         request_id = _request_id(request)
-        decision, _ = self._decide(tenant, request_id, parsed.tokens)
+        decision, _, mode = self._decide(tenant, request_id, parsed.tokens)
         if decision.lookup_ms > 0:
             await self._discovery_wait(decision.lookup_ms / 1000)
         if decision.migration is not None:
@@ -220,9 +222,10 @@ class RouterApp:
             if target.region != self.region:
                 self.metrics.cross_region.labels(target.region).inc()
             try:
+                headers = self._headers(target, request_id, mode)
                 if parsed.stream:
-                    return await self._stream(target, body, chat, request_id)
-                return await self._whole(target, body, chat, request_id)
+                    return await self._stream(target, body, chat, headers)
+                return await self._whole(target, body, chat, headers)
             except UpstreamFailed as exc:
                 failures.append(exc)
                 self.metrics.upstream_failures.labels(target.worker_id).inc()
@@ -284,8 +287,9 @@ class RouterApp:
         }
         return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
 
-    def _headers(self, target: Decision, request_id: str) -> dict[str, str]:
+    def _headers(self, target: Decision, request_id: str, mode: IndexMode) -> dict[str, str]:
         return {
+            "x-kvc-index": mode,
             "x-kvc-worker": target.worker_id,
             "x-kvc-region": target.region,
             "x-kvc-reason": target.reason,
@@ -293,9 +297,10 @@ class RouterApp:
             "x-request-id": request_id,
         }
 
-    async def _whole(self, target: Decision, body: bytes, chat: bool, request_id: str) -> Response:
+    async def _whole(
+        self, target: Decision, body: bytes, chat: bool, headers: dict[str, str]
+    ) -> Response:
         reply = await self.upstream.post(target.worker, _COMPLETIONS, body)
-        headers = self._headers(target, request_id)
         if reply.status != 200:  # the worker refused the request: the client's problem
             return Response(reply.body, reply.status, headers, reply.content_type)
         try:
@@ -309,9 +314,11 @@ class RouterApp:
             return JSONResponse(chat_completion(answer), headers=headers)
         return Response(reply.body, 200, headers, "application/json")  # byte for byte
 
-    async def _stream(self, target: Decision, body: bytes, chat: bool, request_id: str) -> Response:
+    async def _stream(
+        self, target: Decision, body: bytes, chat: bool, headers: dict[str, str]
+    ) -> Response:
         resp = await self.upstream.open_stream(target.worker, _COMPLETIONS, body)
-        headers = self._headers(target, request_id)
+        request_id = headers["x-request-id"]
         if resp.status != 200:
             data = await resp.read()
             resp.release()
@@ -400,13 +407,23 @@ class RouterApp:
     async def healthz(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
+    def check_index(self) -> None:
+        """Keep the ``views`` condition and the index gauges current. The views gate
+        readiness until they are first live; after that, losing them degrades routing
+        (see :mod:`~kvcompass.services.router.views`) and is reported, not gated: a
+        probe that failed on it would take every gateway of the region out at once."""
+        live, detail = self.index.check()
+        if live:
+            self.health.advise("views")
+        self.health.set("views", live, detail)
+        self.metrics.index_live.set(int(live))
+
     async def readyz(self, request: Request) -> Response:
-        views, detail = self._views_ready()
-        self.health.set("views", views, detail)
-        report = {n: {"ok": c.ok, "detail": c.detail} for n, c in self.health.report().items()}
+        self.check_index()
         ready = self.health.ready()
         return JSONResponse(
-            {"ready": ready, "conditions": report}, status_code=200 if ready else 503
+            {"ready": ready, "conditions": self.health.conditions_json()},
+            status_code=200 if ready else 503,
         )
 
     async def metrics_page(self, request: Request) -> Response:

@@ -83,11 +83,29 @@ class RouterMetrics:
             ["outcome"],
             registry=registry,
         )
+        self.index_live = Gauge(
+            "kvc_router_index_live",
+            "1 while the edge's views are loaded and caught up, else 0.",
+            registry=registry,
+        )
+        self.index_age = Gauge(
+            "kvc_router_index_age_seconds",
+            "Seconds since the edge's views were last live (0 while they are).",
+            registry=registry,
+        )
+        self.index_decisions = Counter(
+            "kvc_router_index_decisions",
+            "Decisions by what answered the index lookup: live views, the last loaded "
+            "(stale) ones, or none (routing by load and WAN alone).",
+            ["index"],
+            registry=registry,
+        )
         self._claimed = 0
         self._false = 0
 
-    def decided(self, decision: Decision, seconds: float) -> None:
+    def decided(self, decision: Decision, seconds: float, index: str) -> None:
         self.decision_seconds.observe(seconds)
+        self.index_decisions.labels(index).inc()
         self.decisions.labels(decision.region, decision.reason).inc()
         for c in decision.candidates:
             self.belief.labels(c.worker_id).set(c.belief)

@@ -76,8 +76,13 @@ class RouterService:
         self._log = structlog.get_logger("kvcompass.router")
         clock = clock or SystemClock()
         urls = worker_urls(settings.worker_endpoints, topology)
-        self.views = EdgeViews(settings.shm_prefix, IndexLayout.from_topology(topology))
+        self.views = EdgeViews(
+            settings.shm_prefix, IndexLayout.from_topology(topology), settings.index_stale_s
+        )
         health.set("views", False, "not checked yet")
+        # Without the broker the queue vectors stop (routing by piggybacked and pending
+        # estimates): reported on /readyz, but the router still serves.
+        health.advise("broker")
         policy = policy_factory(settings, topology, self.views, clock)
         self.router = RouterApp(
             topology=topology,
@@ -94,7 +99,7 @@ class RouterService:
             tokenizer=tokenizer.load(settings.tokenizer),
             health=health,
             registry=registry,
-            views_ready=lambda: (self.views.ready(), self.views.detail),
+            index=self.views,
             max_body_bytes=settings.max_body_bytes,
         )
         self._consumer = QueueConsumer(
@@ -152,7 +157,7 @@ class RouterService:
         async def watch_views() -> None:
             # /readyz on either port reads Health: keep the views' condition current.
             while True:
-                self.router.health.set("views", self.views.ready(), self.views.detail)
+                self.router.check_index()
                 await asyncio.sleep(_VIEWS_CHECK_S)
 
         async def started() -> None:

@@ -53,6 +53,12 @@ class RouterSettings(PipelineSettings):
     max_body_bytes: int = setting(
         8 << 20, "Largest accepted request body (bytes); larger gets 413."
     )
+    index_stale_s: float = setting(
+        30.0,
+        "After the edge's views stop being live (it lost the broker, is reloading, or "
+        "died), route from their last loaded state for this many seconds, then without "
+        "the index (by load and WAN alone). Either way the router stays ready.",
+    )
     queue_max_age_s: float = setting(
         1.0,
         "Queue vectors older than this (by their sent_at_ns) are skipped: the topic is "
@@ -73,6 +79,7 @@ class RouterSettings(PipelineSettings):
             "request_timeout_s",
             "stream_idle_timeout_s",
             "queue_max_age_s",
+            "index_stale_s",
         ):
             if getattr(self, name) <= 0:
                 raise self.invalid(name, "must be positive")

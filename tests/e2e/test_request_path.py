@@ -155,11 +155,23 @@ def test_saturated_holder_loses_to_an_idle_worker_that_recomputes(stack: LocalSt
     headers, _ = complete(stack, "asia", prompt)
     holder = headers["x-kvc-worker"]
     wait_indexed(stack, "asia", prompt, holder)
+    # A probe prompt every other asia worker holds: the router sends it to one of them,
+    # and its answer piggybacks the region's queue vector, the holder's queue included.
+    # Without it the router learns that queue only from broadcasts over the broker,
+    # which a loaded machine delivered later than the flood below lasts: the holder's
+    # cache cannot take more than ~5 s (real) of prefill work without evicting the
+    # prompt, so the saturation cannot simply be made longer.
+    probe = _prompt(256, seed=30)
+    peers = [w.id for w in TOPOLOGY.region("asia").workers if w.id != holder]
+    for peer in peers:
+        _direct(stack, peer, probe)
+    wait_indexed(stack, "asia", probe, peers[-1])
     # ~40 s (emulated; 4 s real) of other prefill work queued at the holder: the edge
     # must see it through the queue vectors while it lasts.
     flood = _flood(stack, holder, [_prompt(16_000, seed=100 + i) for i in range(30)])
 
     def elsewhere() -> dict[str, Any] | None:
+        complete(stack, "asia", probe, max_tokens=1)
         d = route(stack, "asia", prompt)
         return d if d["worker"] != holder else None
 

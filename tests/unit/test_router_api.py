@@ -32,6 +32,7 @@ from kvcompass.services.router.tenancy import Tenancy
 from kvcompass.services.router.testing import StubWorker, free_port, serve_in_thread
 from kvcompass.services.router.tokenizer import ByteTokenizer, chat_prompt
 from kvcompass.services.router.upstream import Upstream
+from kvcompass.services.router.views import IndexMode
 from kvcompass.topology import Topology, load_builtin
 
 TOPOLOGY = load_builtin("testbed-3region")
@@ -110,6 +111,18 @@ class Edge:
         return 0.0 if value is None else value
 
 
+class _LiveIndex:
+    """The index status of a router whose views are always live."""
+
+    mode: IndexMode = "live"
+
+    def check(self) -> tuple[bool, str]:
+        return True, ""
+
+    def age_s(self) -> float:
+        return 0.0
+
+
 class Edges:
     """Builds routers over stub workers; every server stops at the end of the test."""
 
@@ -147,7 +160,7 @@ class Edges:
                               connect_timeout_s=1.0, request_timeout_s=TIMEOUT_S,
                               stream_idle_timeout_s=TIMEOUT_S),
             tenancy=Tenancy(keys), tokenizer=ByteTokenizer(), health=Health(),
-            registry=registry, views_ready=lambda: (True, ""), max_body_bytes=1 << 20,
+            registry=registry, index=_LiveIndex(), max_body_bytes=1 << 20,
             discovery_wait=discovery_wait,
         )  # fmt: skip
         url = self._stack.enter_context(serve_in_thread(router.app))

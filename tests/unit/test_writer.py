@@ -119,6 +119,7 @@ def _take_over(
     stream_end: int = 0,
     committed: bool = False,
     events_low: int = 0,
+    events_high: int | None = None,
 ) -> tuple[ShardWriter, Takeover]:
     writer = _new_writer(shard)
     takeover = writer.take_over(
@@ -127,6 +128,7 @@ def _take_over(
         stream_end=stream_end,
         committed=committed,
         events_low=events_low,
+        events_high=events_high,
     )
     return writer, takeover
 
@@ -543,6 +545,23 @@ def test_a_lost_snapshot_is_detected_and_the_shard_rebuilt_from_the_log() -> Non
     assert takeover.events_gone == 0
     assert writer.epoch == 4  # Redis lost everything; the stream did not
     assert writer.tables.count == 0
+
+
+@pytest.mark.parametrize(("high", "reset", "resume"), [(3, True, 0), (None, False, None)])
+def test_a_log_ending_before_the_snapshot_is_a_new_log_read_from_its_start(
+    high: int | None, reset: bool, resume: int | None
+) -> None:
+    """A memory broker restarted: its new log holds only events newer than the snapshot,
+    at offsets below the snapshot's position; skipping to that position would lose them."""
+    snap, batches = _restorable()
+    restored, takeover = _take_over(snap, shard=1, events_high=high)
+    assert (takeover.restored, takeover.log_reset, takeover.events_gone) == (True, reset, 0)
+    assert takeover.resume_offset == (len(batches) if resume is None else resume)
+    assert restored.events_offset == takeover.resume_offset - 1
+    # the old log's last batch, redelivered at the new log's offset 0, is still dropped
+    assert restored.apply(batches[-1], 0) is Admission.DUPLICATE
+    _, at_end = _take_over(snap, shard=1, events_high=len(batches))
+    assert not at_end.log_reset  # a log that just reaches the position is the same log
 
 
 def test_events_gone_from_the_log_are_reported() -> None:

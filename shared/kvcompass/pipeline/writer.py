@@ -69,6 +69,10 @@ class Takeover:
     #: Offsets below ``resume_offset`` whose events the state should hold but the log no
     #: longer has (0: none). Nonzero means keys may be wrong until workers re-announce.
     events_gone: int
+    #: The snapshot's position lies past the event log's end: the broker lost the log the
+    #: snapshot was cut from (a memory broker restarted), and the new log is read from its
+    #: start instead of skipping its first events.
+    log_reset: bool = False
 
 
 class ShardWriter:
@@ -131,14 +135,16 @@ class ShardWriter:
         stream_end: int,
         committed: bool,
         events_low: int,
+        events_high: int | None = None,
     ) -> Takeover:
         """Become the shard's writer.
 
         ``stream_epoch``: the highest epoch of this owner's batches on the shard's patch
         partition (None: there are none); ``stream_end``: the offset after the last batch
         there; ``committed``: the group had committed ``kvc.events`` offsets for the shard;
-        ``events_low``: the event log's first offset still held. A snapshot of another
-        owner raises :class:`ConfigError` (two groups would write one snapshot prefix).
+        ``events_low``: the event log's first offset still held; ``events_high``: its end
+        (None: unknown). A snapshot of another owner raises :class:`ConfigError` (two
+        groups would write one snapshot prefix).
         """
         if self._taken_over:
             raise RuntimeError(f"shard {self.shard} was already taken over")
@@ -159,7 +165,11 @@ class ShardWriter:
                 self.sequences = WorkerSequences(self._max_seq_jump)
         history = committed or stream_epoch is not None
         wanted = 0 if meta is None else meta.events_offset + 1
-        resume = max(wanted, events_low)
+        # A log that ends before the snapshot's position is not the log the snapshot was
+        # cut from; its records are all newer than the snapshot (sequence numbers drop
+        # any redelivery), so they are read from its start, not from the old position.
+        log_reset = events_high is not None and wanted > events_high
+        resume = events_low if log_reset else max(wanted, events_low)
         self.epoch = max(fence, stream_epoch or 0) + 1
         self.events_offset = self._flushed_offset = resume - 1
         self.patches_offset = max(0 if meta is None else meta.patches_offset, stream_end)
@@ -181,7 +191,8 @@ class ShardWriter:
             restored=meta is not None,
             snapshot_lost=meta is None and history,
             snapshot_refused=refused,
-            events_gone=resume - wanted,
+            events_gone=0 if log_reset else resume - wanted,
+            log_reset=log_reset,
         )
 
     def _restore(self, snapshot: ShardSnapshot) -> SnapshotMeta:

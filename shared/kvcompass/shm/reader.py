@@ -189,6 +189,7 @@ class _Attachment:
         probes: NDArray[np.int64],
         workers: NDArray[np.int64],
         out: tuple[NDArray[np.int64], NDArray[np.int64]],
+        stale_ok: bool = False,
     ) -> None:
         """Run :func:`probe.match_probes` in one read section over every shard (a
         section costs a few loads per shard; one compiled call beats one per shard)."""
@@ -209,6 +210,8 @@ class _Attachment:
                     self._stable_match(probes, workers, out)
             else:
                 self._stable_match(probes, workers, out)
+        if stale_ok:
+            return
         readies = self._readies.tolist()
         if 0 in readies:
             for shard, ready in enumerate(readies):
@@ -383,17 +386,19 @@ class SharedIndexReader:
             return (*self._att.last_position(shard), False)
         return att.position(shard)
 
-    def match(self, query: MultiLevelQuery) -> Match:
+    def match(self, query: MultiLevelQuery, *, stale_ok: bool = False) -> Match:
         """Longest matched length and tier of every worker: every probe in one compiled
         call, in one read section over all shards (the answers of
         :class:`~kvcompass.index.discovery.MatchDecoder`, which a unit test checks).
 
         IndexNotReady if a shard the query touches is not ready, and, as at start-up,
-        while any shard has a table not loaded yet. The writer's liveness is asked of the
-        kernel at most once per ``liveness_ttl_s`` (and again at once after any other
-        call found the writer gone): a writer that died within that time may still
-        answer with its last state. ``ready``, ``position``, ``lookup`` and ``image``
-        always ask."""
+        while any shard has a table not loaded yet. ``stale_ok`` answers from shards
+        marked not ready too (their last loaded state, e.g. while the edge has lost the
+        broker): still one consistent read of a live writer's tables. The writer's
+        liveness is asked of the kernel at most once per ``liveness_ttl_s`` (and again at
+        once after any other call found the writer gone): a writer that died within that
+        time may still answer with its last state. ``ready``, ``position``, ``lookup``
+        and ``image`` always ask."""
         if self._layout is None:
             raise ConfigError("SharedIndexReader needs the index layout to match queries")
         att = self._att if time.monotonic() < self._alive_until else self._live()
@@ -408,7 +413,7 @@ class SharedIndexReader:
                 for length, key in pairs:
                     extend((key, table, length))
         probes = np.array(flat, dtype=np.int64).reshape(-1, 3)
-        att.match_probes(probes, self._workers, (self._lengths, self._tiers))
+        att.match_probes(probes, self._workers, (self._lengths, self._tiers), stale_ok)
         return Match(self._lengths.tolist(), self._tiers.tolist())
 
     def lookup(self, shard: int, table: int, key: int) -> int:
