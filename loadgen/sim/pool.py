@@ -31,10 +31,6 @@ __all__ = ["SimWorker", "WorkerPool"]
 _BUFFER_KEYS = 1 << 30
 
 
-def _drop(shard: int, data: bytes) -> None:
-    """The publisher's transport: the simulator hands the batch objects on instead."""
-
-
 class SimWorker:
     def __init__(
         self,
@@ -52,7 +48,7 @@ class SimWorker:
             plan,
             Namespace(topology.model.name),
             index.n_shards,
-            _drop,
+            None,  # no transport: the batch objects go to the writers as they are
             max_buffered_keys=_BUFFER_KEYS,
             incarnation=incarnation,
             clock=clock,
