@@ -90,7 +90,7 @@ def instrument(sim: Simulation) -> Timers:
     for writer in sim.index.writers:
         writer.stage = timers.wrap("writer_stage", writer.stage)  # type: ignore[method-assign]
         writer.flush = timers.wrap("writer_flush", writer.flush)  # type: ignore[method-assign]
-    for edge in sim.index.edges.values():
+    for edge in sim.index.replicas:
         edge.receive = timers.wrap("edge_receive", edge.receive)  # type: ignore[method-assign]
     return timers
 
