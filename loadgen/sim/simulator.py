@@ -221,9 +221,12 @@ class Simulation:
         self._stepped(worker)
 
     def _stepped(self, worker: SimWorker) -> None:
-        """After an engine change: publish its cache's changes, schedule its next event."""
+        """After an engine change: publish its cache's changes, schedule its next event.
+
+        Only first and last tokens matter here, so the worker wakes when one is due
+        (or its cache changes); the plain decode steps between run in that advance."""
         worker.publish()
-        due = worker.engine.next_event_at()
+        due = worker.engine.next_notable_at()
         if due is not None and due != worker.wake_at:
             worker.wake_at = due
             self.events.push(due, self._wake, worker)

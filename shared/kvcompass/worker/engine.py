@@ -209,12 +209,40 @@ class EmulatedEngine:
 
     def next_event_at(self) -> float | None:
         """Clock time of the next state change; None when idle."""
-        due = [c.ends_at for c in self._copies]
-        if self._prefill is not None:
-            due.append(self._prefill.ends_at)
-        if self._decode.step_ends_at is not None:
-            due.append(self._decode.step_ends_at)
-        return min(due, default=None)
+        due = self._next_job_event()
+        step = self._decode.step_ends_at
+        if step is not None and (due is None or step < due):
+            return step
+        return due
+
+    def next_notable_at(self) -> float | None:
+        """Clock time of the next change other than a decode token that ends nothing: a
+        prefill or copy ending (the cache changes, a first token comes out) or the step
+        that ends a sequence; None when idle. Until then the decode batch is fixed, so
+        the steps before it are plain; a driver that needs only first and last tokens
+        calls :meth:`advance` then, which applies them all, each at its own time."""
+        due = self._next_job_event()
+        decode = self._decode
+        t = decode.step_ends_at
+        if t is None or (due is not None and due <= t):
+            return due
+        if not decode.joining:  # else the batch changes when this step ends
+            batch = decode.batch
+            left = min(s.request.max_tokens - s.generated for s in batch)
+            step_s = self.cost.decode_step_ms(len(batch)) / 1e3
+            for _ in range(left - 1):  # summed as _start_step sums: the same floats
+                t += step_s
+                if due is not None and due <= t:
+                    return due
+        return t
+
+    def _next_job_event(self) -> float | None:
+        """The earliest end of a copy or of the prefill; None when there is none."""
+        due = None if self._prefill is None else self._prefill.ends_at
+        for copy in self._copies:
+            if due is None or copy.ends_at < due:
+                due = copy.ends_at
+        return due
 
     def advance(self) -> list[Emitted]:
         """Apply every change due by now; returns the tokens emitted since the last call."""
