@@ -54,7 +54,9 @@ class SimWorker:
             clock=clock,
         )
         cache = PrefixCache.for_worker(topology, worker, eviction, self._on_change)
-        self.engine = EmulatedEngine(cache, CostModel.for_worker(topology, worker), clock)
+        cost = CostModel.for_worker(topology, worker)
+        # The simulator reads first and last tokens only (TTFT, end to end).
+        self.engine = EmulatedEngine(cache, cost, clock, stream=False)
         self._index = index
         self._changed = False
         #: Reload + prefill ms of requests whose prefill ended since the last sample.

@@ -206,3 +206,17 @@ def test_waking_only_at_notable_events_emits_the_same_tokens_at_the_same_times()
     # plain steps of a alone.
     assert wakes == pytest.approx([0.0037, 0.010, 0.035, 0.040, 0.062, 0.072])
     assert e.cache.match(NS, tokens(5000, 320)).tokens == 320
+
+
+def test_without_streaming_only_first_and_last_tokens_come_out() -> None:
+    every, every_clock = engine()
+    _three_jobs(every)
+    want = [t for t in run(every, every_clock) if t.index == 0 or t.last]
+    e, clock = engine()
+    e.stream = False
+    _three_jobs(e)
+    got = run(e, clock)
+    assert [(t.sequence.request.request_id, t.index, t.at, t.last) for t in got] == [
+        (t.sequence.request.request_id, t.index, t.at, t.last) for t in want
+    ]
+    assert len(got) == 4

@@ -150,11 +150,18 @@ class _Decode:
 
 
 class EmulatedEngine:
-    """One worker's emulated engine over its :class:`PrefixCache`; see the module doc."""
+    """One worker's emulated engine over its :class:`PrefixCache`; see the module doc.
 
-    def __init__(self, cache: PrefixCache, cost: CostModel, clock: Clock) -> None:
+    ``stream`` False: :meth:`advance` returns only each sequence's first and last token
+    (for a driver that reads no others, such as the simulator); the timeline is the same.
+    """
+
+    def __init__(
+        self, cache: PrefixCache, cost: CostModel, clock: Clock, *, stream: bool = True
+    ) -> None:
         self.cache = cache
         self.cost = cost
+        self.stream = stream
         self._clock = clock
         self._queue: deque[Sequence | _Migration] = deque()
         self._queued_ms = 0.0  # sum of the queued jobs' expected_ms
@@ -341,6 +348,7 @@ class EmulatedEngine:
     def _emit(self, sequence: Sequence, t: float) -> None:
         sequence.generated += 1
         last = sequence.generated >= sequence.request.max_tokens
-        self._emitted.append(Emitted(sequence, sequence.generated - 1, t, last))
+        if last or self.stream or sequence.generated == 1:
+            self._emitted.append(Emitted(sequence, sequence.generated - 1, t, last))
         if last:
             sequence.finished_at = t
