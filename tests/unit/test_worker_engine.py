@@ -220,3 +220,19 @@ def test_without_streaming_only_first_and_last_tokens_come_out() -> None:
         (t.sequence.request.request_id, t.index, t.at, t.last) for t in want
     ]
     assert len(got) == 4
+
+
+def test_without_streaming_one_late_advance_applies_every_step_in_order() -> None:
+    every, every_clock = engine()
+    _three_jobs(every)
+    want = [t for t in run(every, every_clock) if t.index == 0 or t.last]
+    e, clock = engine()
+    e.stream = False
+    _three_jobs(e)
+    clock.advance(1.0)  # far past the end: the plain steps are ended in bulk
+    got = e.advance()
+    assert [(t.sequence.request.request_id, t.index, t.at, t.last) for t in got] == [
+        (t.sequence.request.request_id, t.index, t.at, t.last) for t in want
+    ]
+    assert [t.sequence.generated for t in got if t.last] == [3, 7]
+    assert e.next_event_at() is None

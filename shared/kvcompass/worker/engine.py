@@ -291,10 +291,33 @@ class EmulatedEngine:
             if self._prefill is not None and self._prefill.ends_at == due:
                 self._end_prefill(due)
             elif self._decode.step_ends_at == due:
-                self._end_step(due)
+                if self.stream or not self._skip_plain_steps(now):
+                    self._end_step(due)
             else:
                 self._end_copies(due)
         return now
+
+    def _skip_plain_steps(self, now: float) -> int:
+        """Without streaming, end at once the due decode steps that emit nothing here:
+        none ends a sequence and no job ends first, so the batch and the step time stay
+        as they are. Each step's end is summed as :meth:`_start_step` sums it."""
+        decode = self._decode
+        if decode.joining or decode.step_ends_at is None:
+            return 0
+        batch = decode.batch
+        left = min(s.request.max_tokens - s.generated for s in batch)
+        job = self._next_job_event()
+        step_s = self.cost.decode_step_ms(len(batch)) / 1e3
+        t = decode.step_ends_at
+        skipped = 0
+        while skipped < left - 1 and t <= now and (job is None or t < job):
+            skipped += 1
+            t += step_s
+        if skipped:
+            for sequence in batch:
+                sequence.generated += skipped
+            decode.step_ends_at = t
+        return skipped
 
     def _start_prefill(self, t: float) -> None:
         if not self._queue:
