@@ -48,6 +48,13 @@ def _cell_arguments(p: argparse.ArgumentParser, sweep: bool) -> None:
     g.add_argument("--update-loss", type=float, default=0.0, help="patch batch loss (0..1)")
     g.add_argument("--jitter-pct", type=float, default=0.0, help="± WAN one-way jitter (%%)")
     g.add_argument(
+        "--flush-ms",
+        type=float,
+        default=5.0,
+        help="the maintenance units' patch flush period in simulated ms (default: the live "
+        "MU's KVC_FLUSH_MS); longer is faster to simulate and staler at the edges",
+    )
+    g.add_argument(
         "--resync",
         action=argparse.BooleanOptionalAction,
         default=True,

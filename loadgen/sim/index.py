@@ -12,6 +12,11 @@ follower's verdict decides: a gap or new epoch asks the writer for a fresh snaps
 same delay; every ``snapshot_every_s`` the MUs snapshot every shard and each edge compares
 (anti-entropy, catching a lost last batch). Without it an edge applies every batch that
 arrives, in arrival order, and nothing repairs a loss.
+
+Without loss every edge region would hold the same replica at every moment, so the
+plane keeps one (``replicas``) and maps every region to it (``edges``): the same code
+runs once per batch instead of once per region, and the replica counts in ``stats`` are
+per distinct replica.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ _KEPT_RELOADS = 64
 
 
 class EdgeIndex:
-    """One edge region's replica: a DiscoveryView its policy reads, a follower per shard."""
+    """An edge replica: a DiscoveryView its regions' policies read, a follower per shard."""
 
     def __init__(self, plane: IndexPlane, region: str) -> None:
         self.plane = plane
@@ -173,11 +178,22 @@ class IndexPlane:
         self._dirty: set[int] = set()
         self._flush_due = False
         self._reloads: dict[str, dict[int, bytes]] = {}
-        self.edges = {r.name: EdgeIndex(self, r.name) for r in topology.regions}
+        regions = [r.name for r in topology.regions]
+        if update_loss:
+            #: The distinct replicas; ``edges`` maps each region to the one its policy reads.
+            self.replicas = [EdgeIndex(self, r) for r in regions]
+            self.edges = dict(zip(regions, self.replicas, strict=True))
+        else:
+            # Without loss every region receives the same batches and snapshots at the
+            # same simulated time (one delay for all), so their replicas stay identical
+            # at every read: one replica, applied once, serves every region's policy.
+            shared = EdgeIndex(self, "every region")
+            self.replicas = [shared]
+            self.edges = dict.fromkeys(regions, shared)
         for writer in self.writers:
             writer.take_over(None, stream_epoch=None, stream_end=0, committed=False, events_low=0)
             snapshot = writer.snapshot()
-            for edge in self.edges.values():
+            for edge in self.replicas:
                 edge.load(snapshot)
         self.batches = self.lost = 0
         if resync:
@@ -204,7 +220,7 @@ class IndexPlane:
             return
         self.batches += 1
         due = self._clock.monotonic() + self._delay_s
-        for edge in self.edges.values():
+        for edge in self.replicas:
             if self._loss and self._rng.random() < self._loss:
                 self.lost += 1
                 continue
@@ -238,7 +254,7 @@ class IndexPlane:
         due = self._clock.monotonic() + self._delay_s
         for shard in range(self.n_shards):
             snapshot = self._fresh_snapshot(shard)
-            for edge in self.edges.values():
+            for edge in self.replicas:
                 self._events.push(due, edge.compare, snapshot)
         self._events.push(self._clock.monotonic() + self._snapshot_every_s, self._anti_entropy)
 
@@ -249,10 +265,10 @@ class IndexPlane:
             for shard, writer in enumerate(self.writers)
             for table, image in writer.tables.view_images().items()
         }
-        return sum(edge.divergent_tables(truth) for edge in self.edges.values())
+        return sum(edge.divergent_tables(truth) for edge in self.replicas)
 
     def stats(self) -> Mapping[str, int]:
-        edges = self.edges.values()
+        edges = self.replicas
         return {
             "patch_batches": self.batches,
             "patch_batches_lost": self.lost,

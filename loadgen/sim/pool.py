@@ -31,10 +31,6 @@ __all__ = ["SimWorker", "WorkerPool"]
 _BUFFER_KEYS = 1 << 30
 
 
-def _drop(shard: int, data: bytes) -> None:
-    """The publisher's transport: the simulator hands the batch objects on instead."""
-
-
 class SimWorker:
     def __init__(
         self,
@@ -52,13 +48,15 @@ class SimWorker:
             plan,
             Namespace(topology.model.name),
             index.n_shards,
-            _drop,
+            None,  # no transport: the batch objects go to the writers as they are
             max_buffered_keys=_BUFFER_KEYS,
             incarnation=incarnation,
             clock=clock,
         )
         cache = PrefixCache.for_worker(topology, worker, eviction, self._on_change)
-        self.engine = EmulatedEngine(cache, CostModel.for_worker(topology, worker), clock)
+        cost = CostModel.for_worker(topology, worker)
+        # The simulator reads first and last tokens only (TTFT, end to end).
+        self.engine = EmulatedEngine(cache, cost, clock, stream=False)
         self._index = index
         self._changed = False
         #: Reload + prefill ms of requests whose prefill ended since the last sample.

@@ -42,6 +42,7 @@ class RunOptions:
     update_delay_ms: float = 0.0
     update_loss: float = 0.0
     jitter_pct: float = 0.0
+    flush_ms: float = 5.0
     resync: bool = True
     eviction: str = "lru"
     sample_every_s: float = 1.0
@@ -68,6 +69,7 @@ class RunOptions:
             update_loss=self.update_loss,
             resync=self.resync,
             jitter_pct=self.jitter_pct,
+            flush_ms=self.flush_ms,
             sample_every_s=self.sample_every_s,
             time_limit_s=self.duration,
         )

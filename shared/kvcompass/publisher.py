@@ -52,6 +52,9 @@ class EventPublisher:
     (call it once per engine step): fewer, larger batches cost the maintenance units
     much less per key. With 0 (the default) every change is sent at once.
 
+    ``send`` None: no transport; the caller hands on the returned batch objects (the
+    simulator, whose writers take them as they are, so nothing is encoded).
+
     ``incarnation`` defaults to a random 63-bit number (pass one to reproduce a run);
     ``clock`` stamps ``sent_at_ns`` and nothing else.
     """
@@ -62,7 +65,7 @@ class EventPublisher:
         plan: LevelPlan,
         namespace: Namespace,
         n_shards: int,
-        send: Send,
+        send: Send | None,
         max_buffered_keys: int = 0,
         *,
         incarnation: int | None = None,
@@ -170,7 +173,8 @@ class EventPublisher:
                 worker_incarnation=self.incarnation,
             )
             self.next_seq += 1
-            self._send(shard, encode(batch))
+            if self._send is not None:
+                self._send(shard, encode(batch))
             sent.append(batch)
         self._pending.clear()
         self._pending_keys = 0

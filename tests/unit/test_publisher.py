@@ -54,3 +54,13 @@ def test_explicit_lengths_and_namespace_publish_only_those_keys() -> None:
 def test_a_length_that_is_not_registered_is_refused() -> None:
     with pytest.raises(ValueError, match="not registration lengths"):
         publisher([]).publish(EventKind.ADMIT, TOKENS, Tier.VRAM, lengths=(17,))
+
+
+def test_without_a_transport_the_batches_are_returned_with_the_same_keys() -> None:
+    sent: list[tuple[int, bytes]] = []
+    publisher(sent).admit(TOKENS)
+    bare = EventPublisher(WORKER, PLAN, OWN, 4, None, incarnation=7, clock=ManualClock())
+    batches = bare.admit(TOKENS)
+    assert [b.shard for b in batches] == [shard for shard, _ in sent]
+    pairs = {pair for b in batches for e in b.events for pair in e.keys}
+    assert pairs == keys_sent(sent)

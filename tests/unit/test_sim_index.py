@@ -58,3 +58,27 @@ def test_gap_detection_alone_repairs_most_of_the_loss() -> None:
     unrepaired = run(0.3, resync=False)
     assert gaps_only["edge_resyncs"] > 0
     assert gaps_only["index_divergent_tables"] < unrepaired["index_divergent_tables"]
+
+
+def simulation(loss: float) -> Simulation:
+    config = SimConfig(TOY, seed=4, update_delay_ms=20.0, update_loss=loss, resync=False)
+    sim = Simulation(config)
+    sim.run(REQUESTS, settle_s=1.0)  # every batch in flight lands
+    return sim
+
+
+def test_without_loss_every_region_reads_one_replica_that_applies_each_batch_once() -> None:
+    sim = simulation(0.0)
+    (replica,) = sim.index.replicas
+    assert all(edge is replica for edge in sim.index.edges.values())
+    assert replica.applied == sim.index.batches > 100
+
+
+def test_with_loss_each_region_keeps_its_own_replica_and_draws_its_own_losses() -> None:
+    sim = simulation(0.3)
+    replicas = sim.index.replicas
+    assert len(replicas) == len(TOY.regions) > 1
+    assert list(sim.index.edges.values()) == replicas
+    applied = [r.applied for r in replicas]
+    assert len(set(applied)) > 1  # independent draws: the regions lost different batches
+    assert sum(applied) + sim.index.lost == sim.index.batches * len(replicas)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from kvcompass.loadgen.sim.run import RunOptions
+from kvcompass.loadgen.sim.run import RunOptions, topology_of
 from kvcompass.loadgen.sim.sweep import cell_folder, cells, run_sweep
+from kvcompass.services.maintenance.settings import MaintenanceSettings
 
 BASE = RunOptions(
     topology="testbed-3region", rate=4.0, duration=1.5, params=("answer_tokens_max=16",)
@@ -35,3 +36,10 @@ def test_sweep_writes_every_cell_then_resumes_without_rerunning(tmp_path: Path) 
     for cell in grid[1:]:
         assert (cell_folder(tmp_path, cell) / "summary.json").stat().st_mtime_ns == stamps[cell]
     assert (cell_folder(tmp_path, grid[0]) / "summary.json").exists()
+
+
+def test_a_cell_sets_the_flush_period_and_defaults_to_the_live_one() -> None:
+    topology = topology_of(BASE.topology)
+    assert BASE.sim_config(topology).flush_ms == MaintenanceSettings().flush_ms
+    longer = RunOptions(topology=BASE.topology, flush_ms=20.0)
+    assert longer.sim_config(topology).flush_ms == 20.0

@@ -179,3 +179,60 @@ def test_reset_drops_every_job_and_the_cache() -> None:
 def test_a_request_needs_an_output_token() -> None:
     with pytest.raises(ValueError, match="max_tokens"):
         Request("a", NS, tokens(0, 10), 0)
+
+
+def _three_jobs(e: EmulatedEngine) -> None:
+    e.submit(Request("a", NS, tokens(0, 100), 7))  # prefill 0-10 ms, decode alone at first
+    e.submit(Request("b", NS, tokens(1000, 250), 3))  # prefill 10-35 ms, joins a at 40
+    e.migrate(NS, tokens(5000, 320), MigrationMode.COPY)  # lands at 0.5 + 3.2 ms
+
+
+def test_waking_only_at_notable_events_emits_the_same_tokens_at_the_same_times() -> None:
+    every, every_clock = engine()
+    _three_jobs(every)
+    want = run(every, every_clock)
+    e, clock = engine()
+    _three_jobs(e)
+    got, wakes = [], []
+    while (due := e.next_notable_at()) is not None:
+        clock.advance(max(due - clock.monotonic(), 0.0))
+        wakes.append(due)
+        got += e.advance()
+    assert [(t.sequence.request.request_id, t.index, t.at, t.last) for t in got] == [
+        (t.sequence.request.request_id, t.index, t.at, t.last) for t in want
+    ]
+    # The copy, a's first token, b's first token, the step b joins after (a's 2nd-4th
+    # on the way), b's last (two 11 ms steps of two), a's last (10 ms alone); not the
+    # plain steps of a alone.
+    assert wakes == pytest.approx([0.0037, 0.010, 0.035, 0.040, 0.062, 0.072])
+    assert e.cache.match(NS, tokens(5000, 320)).tokens == 320
+
+
+def test_without_streaming_only_first_and_last_tokens_come_out() -> None:
+    every, every_clock = engine()
+    _three_jobs(every)
+    want = [t for t in run(every, every_clock) if t.index == 0 or t.last]
+    e, clock = engine()
+    e.stream = False
+    _three_jobs(e)
+    got = run(e, clock)
+    assert [(t.sequence.request.request_id, t.index, t.at, t.last) for t in got] == [
+        (t.sequence.request.request_id, t.index, t.at, t.last) for t in want
+    ]
+    assert len(got) == 4
+
+
+def test_without_streaming_one_late_advance_applies_every_step_in_order() -> None:
+    every, every_clock = engine()
+    _three_jobs(every)
+    want = [t for t in run(every, every_clock) if t.index == 0 or t.last]
+    e, clock = engine()
+    e.stream = False
+    _three_jobs(e)
+    clock.advance(1.0)  # far past the end: the plain steps are ended in bulk
+    got = e.advance()
+    assert [(t.sequence.request.request_id, t.index, t.at, t.last) for t in got] == [
+        (t.sequence.request.request_id, t.index, t.at, t.last) for t in want
+    ]
+    assert [t.sequence.generated for t in got if t.last] == [3, 7]
+    assert e.next_event_at() is None

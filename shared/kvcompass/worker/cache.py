@@ -263,9 +263,12 @@ class PrefixCache:
                 node.uses = 1
                 node.attach()
                 self.used[tier] += 1
-                self._offer(node)
                 admitted.append(node)
                 parent = node
+            if admitted:
+                # Only the deepest is a frontier block: its ancestors each have a child
+                # now, and become candidates through the removal or demotion below them.
+                self._offer(admitted[-1])
         self._report(promoted, EventKind.TIER, Tier.VRAM)
         self._report(admitted, EventKind.ADMIT, tier)
         return before

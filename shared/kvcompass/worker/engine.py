@@ -150,11 +150,18 @@ class _Decode:
 
 
 class EmulatedEngine:
-    """One worker's emulated engine over its :class:`PrefixCache`; see the module doc."""
+    """One worker's emulated engine over its :class:`PrefixCache`; see the module doc.
 
-    def __init__(self, cache: PrefixCache, cost: CostModel, clock: Clock) -> None:
+    ``stream`` False: :meth:`advance` returns only each sequence's first and last token
+    (for a driver that reads no others, such as the simulator); the timeline is the same.
+    """
+
+    def __init__(
+        self, cache: PrefixCache, cost: CostModel, clock: Clock, *, stream: bool = True
+    ) -> None:
         self.cache = cache
         self.cost = cost
+        self.stream = stream
         self._clock = clock
         self._queue: deque[Sequence | _Migration] = deque()
         self._queued_ms = 0.0  # sum of the queued jobs' expected_ms
@@ -209,12 +216,40 @@ class EmulatedEngine:
 
     def next_event_at(self) -> float | None:
         """Clock time of the next state change; None when idle."""
-        due = [c.ends_at for c in self._copies]
-        if self._prefill is not None:
-            due.append(self._prefill.ends_at)
-        if self._decode.step_ends_at is not None:
-            due.append(self._decode.step_ends_at)
-        return min(due, default=None)
+        due = self._next_job_event()
+        step = self._decode.step_ends_at
+        if step is not None and (due is None or step < due):
+            return step
+        return due
+
+    def next_notable_at(self) -> float | None:
+        """Clock time of the next change other than a decode token that ends nothing: a
+        prefill or copy ending (the cache changes, a first token comes out) or the step
+        that ends a sequence; None when idle. Until then the decode batch is fixed, so
+        the steps before it are plain; a driver that needs only first and last tokens
+        calls :meth:`advance` then, which applies them all, each at its own time."""
+        due = self._next_job_event()
+        decode = self._decode
+        t = decode.step_ends_at
+        if t is None or (due is not None and due <= t):
+            return due
+        if not decode.joining:  # else the batch changes when this step ends
+            batch = decode.batch
+            left = min(s.request.max_tokens - s.generated for s in batch)
+            step_s = self.cost.decode_step_ms(len(batch)) / 1e3
+            for _ in range(left - 1):  # summed as _start_step sums: the same floats
+                t += step_s
+                if due is not None and due <= t:
+                    return due
+        return t
+
+    def _next_job_event(self) -> float | None:
+        """The earliest end of a copy or of the prefill; None when there is none."""
+        due = None if self._prefill is None else self._prefill.ends_at
+        for copy in self._copies:
+            if due is None or copy.ends_at < due:
+                due = copy.ends_at
+        return due
 
     def advance(self) -> list[Emitted]:
         """Apply every change due by now; returns the tokens emitted since the last call."""
@@ -256,10 +291,33 @@ class EmulatedEngine:
             if self._prefill is not None and self._prefill.ends_at == due:
                 self._end_prefill(due)
             elif self._decode.step_ends_at == due:
-                self._end_step(due)
+                if self.stream or not self._skip_plain_steps(now):
+                    self._end_step(due)
             else:
                 self._end_copies(due)
         return now
+
+    def _skip_plain_steps(self, now: float) -> int:
+        """Without streaming, end at once the due decode steps that emit nothing here:
+        none ends a sequence and no job ends first, so the batch and the step time stay
+        as they are. Each step's end is summed as :meth:`_start_step` sums it."""
+        decode = self._decode
+        if decode.joining or decode.step_ends_at is None:
+            return 0
+        batch = decode.batch
+        left = min(s.request.max_tokens - s.generated for s in batch)
+        job = self._next_job_event()
+        step_s = self.cost.decode_step_ms(len(batch)) / 1e3
+        t = decode.step_ends_at
+        skipped = 0
+        while skipped < left - 1 and t <= now and (job is None or t < job):
+            skipped += 1
+            t += step_s
+        if skipped:
+            for sequence in batch:
+                sequence.generated += skipped
+            decode.step_ends_at = t
+        return skipped
 
     def _start_prefill(self, t: float) -> None:
         if not self._queue:
@@ -313,6 +371,7 @@ class EmulatedEngine:
     def _emit(self, sequence: Sequence, t: float) -> None:
         sequence.generated += 1
         last = sequence.generated >= sequence.request.max_tokens
-        self._emitted.append(Emitted(sequence, sequence.generated - 1, t, last))
+        if last or self.stream or sequence.generated == 1:
+            self._emitted.append(Emitted(sequence, sequence.generated - 1, t, last))
         if last:
             sequence.finished_at = t
