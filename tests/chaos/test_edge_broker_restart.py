@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 # created it again gets one auto-created with 4 partitions, which is then the right count.
 SHARDS = 4
 SNAPSHOT_INTERVAL_S = 30.0  # the default: a reload loop shows as updates this late
-CHECK_S = 1.0  # the edge's anti-entropy period: a reload loop turns once per period
+OBSERVE_S = 4.0  # no reload for this long after recovery
 VISIBLE_WITHIN_S = 5.0  # much less than the snapshot interval
 
 
@@ -71,14 +71,17 @@ def cluster(own_infra: RunningInfra, tmp_path: Path) -> Iterator[Cluster]:
         c.close()
 
 
+# The edge's anti-entropy period: short, a reload loop turns once per period and must not
+# turn; as long as the snapshot interval, the stream alone must bring the edge along.
+@pytest.mark.parametrize("check_s", [1.0, SNAPSHOT_INTERVAL_S])
 def test_after_a_memory_broker_restart_the_edge_follows_the_new_log_in_place(
-    own_infra: RunningInfra, cluster: Cluster
+    own_infra: RunningInfra, cluster: Cluster, check_s: float
 ) -> None:
     env = {"KVC_BROKER_TIMEOUT_S": "30", "KVC_SNAPSHOT_INTERVAL_S": str(SNAPSHOT_INTERVAL_S)}
     rng = np.random.default_rng(31)
     family = prompts(rng, 60)
     mu = cluster.start_mu(**env)
-    edge = ThreadedEdge(cluster, wrap_source=None, KVC_SNAPSHOT_CHECK_S=str(CHECK_S), **env)
+    edge = ThreadedEdge(cluster, wrap_source=None, KVC_SNAPSHOT_CHECK_S=str(check_s), **env)
     edge.start()
     try:
         _restart_broker_under(own_infra, cluster, edge, mu, env, family, rng)
@@ -104,6 +107,10 @@ def _restart_broker_under(
     fresh = (other.integers(0, 60_000, 4096, dtype=np.uint32) for _ in range(40))
     assert _admit_and_time(cluster, reader, next(fresh)) < VISIBLE_WITHIN_S
 
+    # The MU drains first: its final snapshots record offsets of the log about to be lost.
+    assert cluster.stop(mu) == 0
+    cluster.wait_edge_at(cluster.snapshot_positions())
+
     own_infra.kill("kafka")
     poll_until(lambda: edge.metric("kvc_edge_broker_up") == 0, 15, "the edge sees it")
     own_infra.restart("kafka")
@@ -113,26 +120,23 @@ def _restart_broker_under(
         {"bootstrap.servers": cluster.kafka_bootstrap, "logger": KafkaLog()}
     )
     cluster.last_event_offset.clear()
-    # The MU takes its shards over again in place with a new epoch, or exits (status 3)
-    # when it finds its log gone, and its supervisor (here the test) restarts it.
-    poll_until(
-        lambda: mu.poll() is not None or cluster.readiness("mu")[0], 60, "the MU back or gone"
-    )
-    if mu.poll() is not None:
-        assert mu.returncode == 3
-        cluster.start_mu("mu-2", **env)
+    # The MU's supervisor starts it again: it takes over from those snapshots with a new
+    # epoch and writes its next snapshots only a snapshot interval later.
+    cluster.start_mu("mu-2", **env)
+    cluster.wait_ready("mu-2")
     poll_until(edge.health.ready, 60, "the edge ready again")
 
-    # The first prefix after the restart may wait for the new epoch's one reload.
-    _admit_and_time(cluster, reader, next(fresh))
+    # The first prefix after the restart also waits for the new epoch's one reload.
+    first = _admit_and_time(cluster, reader, next(fresh))
+    assert first < VISIBLE_WITHIN_S, "the edge waited for a snapshot, not the stream"
     resyncs = edge.metric("kvc_edge_resyncs_total")
     assert resyncs <= SHARDS, "at most one reload per shard (the new epoch)"
     # From now on the edge follows the live stream: each new prefix is visible within a
     # bound far below the snapshot interval, and no shard reloads again, over several
     # anti-entropy periods.
-    seen = [_admit_and_time(cluster, reader, next(fresh)) for _ in range(3)]
+    seen = [first] + [_admit_and_time(cluster, reader, next(fresh)) for _ in range(3)]
     with pytest.raises(PollTimeout):
-        poll_until(lambda: edge.metric("kvc_edge_resyncs_total") > resyncs, 4 * CHECK_S, "a reload")
+        poll_until(lambda: edge.metric("kvc_edge_resyncs_total") > resyncs, OBSERVE_S, "a reload")
     seen.append(_admit_and_time(cluster, reader, next(fresh)))
     assert max(seen) < VISIBLE_WITHIN_S, seen
     assert edge.metric("kvc_edge_resyncs_total") == resyncs, "shards keep reloading"
