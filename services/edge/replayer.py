@@ -457,6 +457,9 @@ class EdgeReplayer:
         partition = message.partition()
         if partition is None or not 0 <= partition < len(self.followers):
             return  # never assigned; librdkafka delivers only assigned partitions
+        offset = message.offset()
+        if offset is not None:
+            self._next_offset[partition] = offset + 1
         shard_log = self._logs[partition]
         try:
             batch = decode(message.value() or b"", PatchBatch)
@@ -464,9 +467,6 @@ class EdgeReplayer:
             self.metrics.rejected.inc()
             shard_log.error("patch_undecodable", offset=message.offset(), error=str(exc))
             return
-        offset = message.offset()
-        if offset is not None:
-            self._next_offset[partition] = offset + 1
         follower = self.followers[partition]
         if not follower.is_loaded:
             return  # waits for a reload, which re-reads from the snapshot's offset
