@@ -92,16 +92,7 @@ class LocalCluster:
         self.patches_topic = f"kvc.{self.tag}.patches"
         self.dlq_topic = f"kvc.{self.tag}.dlq"
         self.queues_topic = f"kvc.{self.tag}.queues"
-        create_topics(
-            kafka_bootstrap,
-            [
-                TopicSpec(self.events_topic, shards),
-                TopicSpec(self.patches_topic, shards),
-                TopicSpec(self.dlq_topic, 1),
-                TopicSpec(self.queues_topic, 1),
-            ],
-            timeout=10.0,
-        )
+        self.create_topics()
         self.shm_prefix = f"kvc{self.tag}"
         self.snapshot_prefix = f"kvc:{self.tag}:snap"
         self.store = SnapshotStore(redis.Redis.from_url(redis_url), self.snapshot_prefix)
@@ -116,6 +107,19 @@ class LocalCluster:
                 # Its lines (a test may stop the broker) go through structlog too.
                 "logger": KafkaLog(),
             }
+        )
+
+    def create_topics(self) -> None:
+        """Create this cluster's topics (again, after a memory broker's restart)."""
+        create_topics(
+            self.kafka_bootstrap,
+            [
+                TopicSpec(self.events_topic, self.shards),
+                TopicSpec(self.patches_topic, self.shards),
+                TopicSpec(self.dlq_topic, 1),
+                TopicSpec(self.queues_topic, 1),
+            ],
+            timeout=10.0,
         )
 
     # -- processes ---------------------------------------------------------------------

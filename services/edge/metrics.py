@@ -25,8 +25,15 @@ class EdgeMetrics:
         self.resyncs = Counter(
             "kvc_edge_resyncs",
             "Shard reloads, by cause: stream (a gap or new epoch), snapshot (anti-entropy), "
-            "reload (a table reload failed), broker (it came back).",
+            "reload (a table reload failed).",
             ["shard", "cause"],
+            registry=r,
+        )
+        self.log_resets = Counter(
+            "kvc_edge_patch_log_resets",
+            "Offsets past the patch partition's end (the broker lost its log and began a "
+            "new one): the partition was read from its start instead.",
+            ["shard"],
             registry=r,
         )
         self.refused = Counter(

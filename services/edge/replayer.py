@@ -9,9 +9,14 @@ or by time. Faults of the infrastructure never take the views away from readers:
   applying; Redis is retried with a doubling backoff and each change of state is one log
   line. A shard that must reload meanwhile is marked not ready until it has.
 - Broker lost (librdkafka reports every broker down): every shard is marked not ready at
-  once; when the broker answers again every shard reloads from its snapshot and re-reads
-  the stream (the broker may have lost its log). If it stays away ``broker_timeout_s``,
-  :class:`BrokerLost` ends ``run`` and the process exits non-zero for its supervisor.
+  once; when the broker answers again every shard follows the stream in place from where
+  it stopped, its view kept. If it stays away ``broker_timeout_s``, :class:`BrokerLost`
+  ends ``run`` and the process exits non-zero for its supervisor.
+
+Offsets are only hints: a memory broker comes back with an empty log numbered from 0, so
+an offset past the partition's end (the edge's own, or a snapshot's cut from the lost
+log) is never sought; the partition is read from its start and the follower skips what
+the view holds (it judges batches by epoch and seq, never by offset).
 """
 
 from __future__ import annotations
@@ -25,7 +30,14 @@ from typing import Self, TypeVar
 
 import redis
 import structlog
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 from prometheus_client import CollectorRegistry
 
 from kvcompass.errors import ConfigError, Transient
@@ -98,6 +110,7 @@ class EdgeReplayer:
         self._logs = [log.bind(shard=shard) for shard in range(n)]
         self._retry_at = [0.0] * n  # per shard: next attempt to load a snapshot
         self._resume_at = [0] * n  # per shard: kvc.patches offset of its snapshot
+        self._next_offset = [0] * n  # per shard: the offset after the last batch read
         self._redis_backoff = Backoff(settings.bootstrap_retry_s, settings.redis_retry_max_s)
         self._assigned = False
         self._drained_at: float | None = None  # when a poll last found the stream empty
@@ -248,9 +261,8 @@ class EdgeReplayer:
             if not follower.is_loaded and now >= self._retry_at[shard] and not self._reload(shard):
                 self._retry_at[shard] = now + self.settings.bootstrap_retry_s
         if not self._assigned and all(f.is_loaded for f in self.followers):
-            topic = self.settings.topic_patches
             self._consumer.assign(
-                [TopicPartition(topic, s, self._resume_at[s]) for s in range(len(self.followers))]
+                [self._start(s, self._resume_at[s]) for s in range(len(self.followers))]
             )
             self._assigned = True
             log.info("edge_bootstrapped", shards=len(self.followers))
@@ -294,7 +306,7 @@ class EdgeReplayer:
         """Reload the shard and re-read its partition from the snapshot's offset.
 
         ``cause`` (a metric label): ``stream`` (a gap or a new epoch), ``snapshot``
-        (anti-entropy), ``reload`` (a table reload failed), ``broker`` (it came back).
+        (anti-entropy), ``reload`` (a table reload failed).
         """
         self.metrics.resyncs.labels(str(shard), cause).inc()
         self._logs[shard].warning("shard_resync", cause=cause, reason=reason)
@@ -311,8 +323,25 @@ class EdgeReplayer:
             self._rewind(shard)
         return True
 
+    def _start(self, shard: int, offset: int) -> TopicPartition:
+        """Where to read the shard's partition, wanting ``offset``: there, unless it lies
+        past the partition's end. Then the log is not the one the offset was taken from
+        (a memory broker restarted empty) and it is read from its start: re-reading costs
+        skips, seeking past the end would never reach the batches written since."""
+        tp = TopicPartition(self.settings.topic_patches, shard)
+        try:
+            low, high = self._consumer.get_watermark_offsets(tp, timeout=_CONNECT_TIMEOUT_S / 5)
+        except KafkaException:
+            low, high = OFFSET_BEGINNING, -1  # no answer: the start is always safe
+        if offset > high:
+            self.metrics.log_resets.labels(str(shard)).inc()
+            self._logs[shard].warning("patch_log_reset", offset=offset, log_end=high)
+            offset = low
+        self._next_offset[shard] = offset
+        return TopicPartition(tp.topic, shard, offset)
+
     def _rewind(self, shard: int) -> None:
-        tp = TopicPartition(self.settings.topic_patches, shard, self._resume_at[shard])
+        tp = self._start(shard, self._resume_at[shard])
         try:
             self._consumer.seek(tp)
         except KafkaException:
@@ -396,14 +425,24 @@ class EdgeReplayer:
             return
         except ConfigError as exc:
             raise BrokerLost(f"the broker came back without its log ({exc})") from None
-        # The broker may have lost its log (memory storage): every view reloads its
-        # snapshot and re-reads from the snapshot's offset (or from the log's start).
         log.info("broker_back", down_s=round(now - outage.since, 1))
         self._outage = None
         self._set_health("broker", True)
-        rewound: set[int] = set()
-        for shard in range(len(self.followers)):
-            self._resync(shard, "broker", "the broker came back", rewound)
+        if self._assigned:
+            self._resume_in_place()
+
+    def _resume_in_place(self) -> None:
+        """Each loaded view is as current as it was before the outage: it is ready again
+        and follows the stream from where it stopped, or from the start of a log the
+        broker lost and began anew. What the new log holds decides the rest: batches the
+        view has are skipped, a new writer's epoch reloads the shard once."""
+        assignment = []
+        for shard, follower in enumerate(self.followers):
+            assignment.append(self._start(shard, self._next_offset[shard]))
+            if follower.is_loaded:
+                seq, epoch, _ = self.writer.position(shard)
+                self.writer.set_position(shard, seq, epoch)
+        self._consumer.assign(assignment)
 
     # -- the stream ----------------------------------------------------------------------
 
@@ -418,6 +457,9 @@ class EdgeReplayer:
         partition = message.partition()
         if partition is None or not 0 <= partition < len(self.followers):
             return  # never assigned; librdkafka delivers only assigned partitions
+        offset = message.offset()
+        if offset is not None:
+            self._next_offset[partition] = offset + 1
         shard_log = self._logs[partition]
         try:
             batch = decode(message.value() or b"", PatchBatch)

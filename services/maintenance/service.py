@@ -325,6 +325,7 @@ class MaintenanceUnit:
             snapshot,
             stream_epoch=tail.epoch,
             stream_end=tail.end,
+            patches_restarted=tail.restarted,
             committed=committed[0].offset >= 0,
             events_low=low,
             events_high=high,

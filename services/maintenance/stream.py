@@ -33,6 +33,9 @@ class StreamTail:
     foreign: int
     #: Records that were not patch batches at all.
     undecodable: int
+    #: The start lay past the partition's end: not the log it was taken from (a memory
+    #: broker restarted empty), so the partition was read from its beginning instead.
+    restarted: bool = False
 
 
 def read_tail(
@@ -52,7 +55,8 @@ def read_tail(
         low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s)
     except KafkaException as exc:
         raise Transient(f"broker did not report {topic}[{partition}]'s offsets: {exc}") from exc
-    position = max(start, low)
+    restarted = start > high
+    position = low if restarted else max(start, low)
     epoch: int | None = None
     foreign = undecodable = 0
     consumer.assign([TopicPartition(topic, partition, position)])
@@ -87,4 +91,4 @@ def read_tail(
                     foreign += 1
     finally:
         consumer.unassign()
-    return StreamTail(epoch, position, foreign, undecodable)
+    return StreamTail(epoch, position, foreign, undecodable, restarted)

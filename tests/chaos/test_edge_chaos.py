@@ -258,7 +258,7 @@ def test_broker_killed_and_restarted_the_edge_goes_not_ready_then_recovers_or_ex
     try:
         poll_until(lambda: port_answers("127.0.0.1", broker.port), 10, "broker back")
         # A memory broker comes back without its log: the edge exits non-zero for its
-        # supervisor (or, had the log survived, reloads and is ready again).
+        # supervisor (or, finding its topic again, follows it in place and is ready).
         poll_until(lambda: edge.poll() is not None or reader.ready(), 60, "edge recovered")
         if edge.poll() is not None:
             assert edge.returncode == 3

@@ -30,14 +30,19 @@ class Cluster(LocalCluster):
     """Everything one test needs, isolated from other tests by unique names."""
 
     def __init__(
-        self, kafka_bootstrap: str, redis_url: str, log_dir: Path, initial_capacity: int = 64
+        self,
+        kafka_bootstrap: str,
+        redis_url: str,
+        log_dir: Path,
+        initial_capacity: int = 64,
+        shards: int = N_SHARDS,
     ) -> None:
         """``initial_capacity``: small by default, so tables grow during the tests."""
         super().__init__(
             kafka_bootstrap,
             redis_url,
             log_dir,
-            shards=N_SHARDS,
+            shards=shards,
             topology=str(TOPOLOGY_TOML),
             initial_capacity=initial_capacity,
         )
@@ -46,8 +51,7 @@ class Cluster(LocalCluster):
         self.plan = plan_levels(self.topology)
         self.reference: dict[tuple[int, int], dict[int, int]] = {}
         self.publishers = {
-            w.id: EventPublisher(w, self.plan, NS, N_SHARDS, self.send)
-            for w in self.topology.workers
+            w.id: EventPublisher(w, self.plan, NS, shards, self.send) for w in self.topology.workers
         }
         #: Every event batch sent, as (shard, encoded batch), in send order.
         self.sent: list[tuple[int, bytes]] = []
@@ -125,7 +129,7 @@ class Cluster(LocalCluster):
         reader = SharedIndexReader(self.shm_prefix)
         try:
             checked = 0
-            for shard in range(N_SHARDS):
+            for shard in range(self.shards):
                 snap = self.store.load(shard)
                 assert snap is not None
                 for table_id, image in snap.views.items():
@@ -134,7 +138,7 @@ class Cluster(LocalCluster):
                     assert edge[HEADER_SIZE:] == image[HEADER_SIZE:], (shard, table_id)
                 tables = {t: LudoTable.from_parts(snap.views[t], snap.keys[t]) for t in snap.views}
                 for table_id, key in self.reference:
-                    if shard_of(key, N_SHARDS) != shard:
+                    if shard_of(key, self.shards) != shard:
                         continue
                     want = self.expected(table_id, key)
                     assert tables[table_id].get(key) == want, (shard, table_id, key)

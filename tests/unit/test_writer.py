@@ -564,6 +564,26 @@ def test_a_log_ending_before_the_snapshot_is_a_new_log_read_from_its_start(
     assert not at_end.log_reset  # a log that just reaches the position is the same log
 
 
+@pytest.mark.parametrize(("restarted", "offset"), [(True, 7), (False, 99)])
+def test_a_patch_log_restarted_empty_resets_the_offset_edges_resume_at(
+    restarted: bool, offset: int
+) -> None:
+    """The snapshot's patch offset (99) belongs to a log the broker lost; the new log,
+    read from its start, ends at 7. Snapshots must point edges at the new log's end."""
+    snap, _ = _restorable()
+    writer = _new_writer(1)
+    writer.take_over(
+        snap,
+        stream_epoch=None,
+        stream_end=7,
+        patches_restarted=restarted,
+        committed=True,
+        events_low=0,
+    )
+    assert writer.patches_offset == offset
+    assert writer.snapshot().meta.patches_offset == offset
+
+
 def test_events_gone_from_the_log_are_reported() -> None:
     _, takeover = _take_over(None, committed=True, events_low=70)
     assert (takeover.snapshot_lost, takeover.resume_offset, takeover.events_gone) == (

@@ -136,6 +136,7 @@ class ShardWriter:
         committed: bool,
         events_low: int,
         events_high: int | None = None,
+        patches_restarted: bool = False,
     ) -> Takeover:
         """Become the shard's writer.
 
@@ -143,8 +144,10 @@ class ShardWriter:
         partition (None: there are none); ``stream_end``: the offset after the last batch
         there; ``committed``: the group had committed ``kvc.events`` offsets for the shard;
         ``events_low``: the event log's first offset still held; ``events_high``: its end
-        (None: unknown). A snapshot of another owner raises :class:`ConfigError` (two
-        groups would write one snapshot prefix).
+        (None: unknown); ``patches_restarted``: the patch partition was read from its
+        start because it ended before the snapshot's ``patches_offset`` (a new log). A
+        snapshot of another owner raises :class:`ConfigError` (two groups would write one
+        snapshot prefix).
         """
         if self._taken_over:
             raise RuntimeError(f"shard {self.shard} was already taken over")
@@ -172,7 +175,10 @@ class ShardWriter:
         resume = events_low if log_reset else max(wanted, events_low)
         self.epoch = max(fence, stream_epoch or 0) + 1
         self.events_offset = self._flushed_offset = resume - 1
-        self.patches_offset = max(0 if meta is None else meta.patches_offset, stream_end)
+        # A snapshot's offset into a lost patch log would send edges past the new log's
+        # end; the new log's own end is where the next batch lands.
+        old_offset = 0 if meta is None or patches_restarted else meta.patches_offset
+        self.patches_offset = max(old_offset, stream_end)
         self._generations = self.tables.generations
         self.next_seq = 1
         self._taken_over = True
