@@ -17,7 +17,9 @@ from typing import NamedTuple
 from kvcompass.index.discovery import MultiLevelQuery
 from kvcompass.index.layout import Tier
 from kvcompass.index.reader import IndexNotReady, IndexReader
+from kvcompass.levels import LevelPlan
 from kvcompass.pipeline.clock import Clock
+from kvcompass.routing.baselines.planners import Planners
 from kvcompass.routing.config import RoutingConfig
 from kvcompass.routing.policy import (
     Candidate,
@@ -30,7 +32,7 @@ from kvcompass.routing.policy import (
 from kvcompass.routing.queues import QueueEstimates
 from kvcompass.topology import Topology
 
-__all__ = ["Baseline", "Route", "dry_run_rng", "read_match"]
+__all__ = ["Baseline", "IndexedBaseline", "Route", "dry_run_rng", "read_match"]
 
 _TIERS = tuple(Tier)
 
@@ -171,3 +173,24 @@ class Baseline:
 
     def on_failure(self, worker: int) -> None:
         self.queues.mark_down(worker)
+
+
+class IndexedBaseline(Baseline):
+    """A baseline whose directory is what the index says (see each scheme's docstring)."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        origin_region: str,
+        reader: IndexReader,
+        plan: LevelPlan,
+        config: RoutingConfig,
+        clock: Clock,
+    ) -> None:
+        super().__init__(topology, origin_region, config, clock)
+        self.reader = reader
+        self.planners = Planners(plan, origin_region)
+
+    def match(self, request: RouteRequest) -> tuple[Sequence[int], Sequence[int]]:
+        """Per worker, the prompt's matched length and tier (nothing when not ready)."""
+        return read_match(self.reader, self.planners.query(request), self.n_workers)

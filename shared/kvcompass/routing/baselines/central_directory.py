@@ -21,8 +21,7 @@ from __future__ import annotations
 from kvcompass.index.reader import IndexReader
 from kvcompass.levels import LevelPlan
 from kvcompass.pipeline.clock import Clock
-from kvcompass.routing.baselines.base import Baseline, Route, read_match
-from kvcompass.routing.baselines.planners import Planners
+from kvcompass.routing.baselines.base import IndexedBaseline, Route
 from kvcompass.routing.config import RoutingConfig
 from kvcompass.routing.policy import RouteRequest
 from kvcompass.routing.score import JointScore
@@ -42,7 +41,7 @@ def coordinator_region(topology: Topology) -> str:
     return min((r.name for r in topology.regions), key=cost)
 
 
-class CentralDirectory(Baseline):
+class CentralDirectory(IndexedBaseline):
     name = "central-directory"
 
     def __init__(
@@ -55,10 +54,8 @@ class CentralDirectory(Baseline):
         clock: Clock,
         world: WorldView | None,
     ) -> None:
-        super().__init__(topology, origin_region, config, clock)
-        self.reader = reader
+        super().__init__(topology, origin_region, reader, plan, config, clock)
         self.world = world
-        self.planners = Planners(plan, origin_region)
         self.coordinator = coordinator_region(topology)
         self.rtt_ms = topology.rtt_ms(origin_region, self.coordinator)
         self.score = JointScore(
@@ -67,8 +64,7 @@ class CentralDirectory(Baseline):
         self._belief = (1.0,) * self.n_workers
 
     def _route(self, request: RouteRequest, prompt: int, count: int, explain: bool) -> Route:
-        query = self.planners.query(request)
-        lengths, tiers = read_match(self.reader, query, self.n_workers)
+        lengths, tiers = self.match(request)
         world = self.world
         if world is None:
             queues = self.queues.values

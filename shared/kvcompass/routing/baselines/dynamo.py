@@ -29,8 +29,7 @@ from kvcompass.index.layout import Tier
 from kvcompass.index.reader import IndexReader
 from kvcompass.levels import LevelPlan
 from kvcompass.pipeline.clock import Clock
-from kvcompass.routing.baselines.base import Baseline, Route, read_match
-from kvcompass.routing.baselines.planners import Planners
+from kvcompass.routing.baselines.base import IndexedBaseline, Route
 from kvcompass.routing.config import RoutingConfig
 from kvcompass.routing.policy import Decision, Feedback, RouteRequest
 from kvcompass.topology import Topology
@@ -41,7 +40,7 @@ __all__ = ["DynamoRouter"]
 CREDIT = {int(Tier.VRAM): 1.0, int(Tier.DRAM): 0.75}
 
 
-class DynamoRouter(Baseline):
+class DynamoRouter(IndexedBaseline):
     name = "dynamo"
 
     def __init__(
@@ -53,9 +52,7 @@ class DynamoRouter(Baseline):
         config: RoutingConfig,
         clock: Clock,
     ) -> None:
-        super().__init__(topology, origin_region, config, clock)
-        self.reader = reader
-        self.planners = Planners(plan, origin_region)
+        super().__init__(topology, origin_region, reader, plan, config, clock)
         self.block = topology.index.block_size
         self._ms_per_block = [w.beta_ms_per_token * self.block for w in topology.workers]
         self._remote = [w.region != origin_region for w in topology.workers]
@@ -92,7 +89,7 @@ class DynamoRouter(Baseline):
         return [p + d for p, d in zip(prefill, self.decode_blocks, strict=True)]
 
     def _route(self, request: RouteRequest, prompt: int, count: int, explain: bool) -> Route:
-        lengths, tiers = read_match(self.reader, self.planners.query(request), self.n_workers)
+        lengths, tiers = self.match(request)
         queues = self.seen_queues(explain)
         costs = self.costs(prompt, lengths, tiers, queues)
         order = sorted(self._tie_order, key=costs.__getitem__)

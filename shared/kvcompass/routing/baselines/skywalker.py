@@ -24,8 +24,7 @@ from collections.abc import Sequence
 from kvcompass.index.reader import IndexReader
 from kvcompass.levels import LevelPlan
 from kvcompass.pipeline.clock import Clock
-from kvcompass.routing.baselines.base import Baseline, Route, read_match
-from kvcompass.routing.baselines.planners import Planners
+from kvcompass.routing.baselines.base import IndexedBaseline, Route
 from kvcompass.routing.config import RoutingConfig
 from kvcompass.routing.policy import RouteRequest
 from kvcompass.topology import Topology
@@ -33,7 +32,7 @@ from kvcompass.topology import Topology
 __all__ = ["SkyWalker"]
 
 
-class SkyWalker(Baseline):
+class SkyWalker(IndexedBaseline):
     name = "skywalker"
 
     def __init__(
@@ -45,9 +44,7 @@ class SkyWalker(Baseline):
         config: RoutingConfig,
         clock: Clock,
     ) -> None:
-        super().__init__(topology, origin_region, config, clock)
-        self.reader = reader
-        self.planners = Planners(plan, origin_region)
+        super().__init__(topology, origin_region, reader, plan, config, clock)
         remote = sorted(
             (r for r in topology.regions if r.name != origin_region),
             key=lambda r: topology.rtt_ms(origin_region, r.name),
@@ -55,7 +52,7 @@ class SkyWalker(Baseline):
         self.remote_regions = tuple(tuple(w.index for w in r.workers) for r in remote)
 
     def _route(self, request: RouteRequest, prompt: int, count: int, explain: bool) -> Route:
-        lengths, tiers = read_match(self.reader, self.planners.query(request), self.n_workers)
+        lengths, tiers = self.match(request)
         values = self.queues.values
 
         def free(workers: Sequence[int]) -> list[int]:
