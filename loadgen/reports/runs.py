@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from kvcompass.loadgen.sim.sweep import done_summary
+
 __all__ = ["Run", "is_complete", "load_run"]
 
 _TEXT = {"request_id", "session", "tenant", "origin", "policy", "worker", "worker_region", "reason"}
@@ -48,12 +50,9 @@ def _columns(path: Path) -> dict[str, NDArray[Any]]:
 
 
 def is_complete(folder: Path) -> bool:
-    """A run folder is complete once its summary.json (written last) parses."""
-    try:
-        data = json.loads((folder / "summary.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and "summary" in data
+    """A run folder is complete once its summary.json (written last) parses: the same
+    test as ``kvcompass sim sweep``'s resume."""
+    return done_summary(folder) is not None
 
 
 def load_run(folder: Path) -> Run:
