@@ -23,6 +23,7 @@ from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
 
+from kvcompass.loadgen.ctrl_c import CtrlC
 from kvcompass.loadgen.driver import DriverConfig
 from kvcompass.loadgen.figures import ttft_figure
 from kvcompass.loadgen.records import RequestRecord
@@ -136,36 +137,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     stack = LocalStack(config)
-    try:
-        stack.start(progress=lambda what: say(f"starting {what}"))
-        say(f"up: routers {stack.router_urls}")
-        runs: list[RunSummary] = []
-        records: dict[str, list[RequestRecord]] = {}
-        for policy in (BASELINE, KVCOMPASS):
-            if policy != BASELINE:
-                say("emptying every worker's cache for the second run")
-                stack.reset_workers()
-                stack.start_routers(policy, progress=lambda what: say(f"restarting {what}"))
-                _wait_index_empty(stack, requests, api_keys)
-            say(f"replaying with {policy}")
-            result = _replay(stack, requests, api_keys, topology, policy, out)
-            stack.check_alive()
-            if result.interrupted:
-                raise KeyboardInterrupt
-            runs.append(result.summary)
-            records[policy] = result.records
-        say("done; stopping")
-    except ComponentFailed as exc:
-        print(f"kvcompass demo: {exc}", file=sys.stderr)
-        return 1
-    except PollTimeout as exc:
-        print(f"kvcompass demo: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("\nkvcompass demo: interrupted; stopping every component", file=sys.stderr)
-        return 130
-    finally:
-        stack.stop()
+    with CtrlC() as ctrl_c:
+        try:
+            stack.start(progress=lambda what: say(f"starting {what}"))
+            say(f"up: routers {stack.router_urls}")
+            runs: list[RunSummary] = []
+            records: dict[str, list[RequestRecord]] = {}
+            for policy in (BASELINE, KVCOMPASS):
+                if policy != BASELINE:
+                    say("emptying every worker's cache for the second run")
+                    stack.reset_workers()
+                    stack.start_routers(policy, progress=lambda what: say(f"restarting {what}"))
+                    _wait_index_empty(stack, requests, api_keys)
+                ctrl_c.check()
+                say(f"replaying with {policy}")
+                result = _replay(stack, requests, api_keys, topology, policy, out, ctrl_c)
+                stack.check_alive()
+                if result.interrupted:
+                    raise KeyboardInterrupt
+                runs.append(result.summary)
+                records[policy] = result.records
+            ctrl_c.check()
+            say("done; stopping")
+        except ComponentFailed as exc:
+            print(f"kvcompass demo: {exc}", file=sys.stderr)
+            return 1
+        except PollTimeout as exc:
+            print(f"kvcompass demo: {exc}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print("\nkvcompass demo: interrupted; stopping every component", file=sys.stderr)
+            return 130
+        finally:
+            stack.stop()
     print()
     print(render_side_by_side(runs))
     (out / "summary.json").write_text(json.dumps([asdict(r) for r in runs], indent=2))
@@ -195,6 +199,7 @@ def _replay(
     topology: Topology,
     policy: str,
     out: Path,
+    ctrl_c: CtrlC,
 ) -> Replay:
     driver = DriverConfig(
         routers=stack.router_urls,
@@ -211,6 +216,7 @@ def _replay(
         out=out / f"records-{policy}.jsonl",
         progress=True,
         total=len(requests),
+        ctrl_c=ctrl_c,
     )
 
 

@@ -3,15 +3,15 @@ requests, write the records, show progress, summarise."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterable, Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
 
+from kvcompass.loadgen.ctrl_c import CtrlC
 from kvcompass.loadgen.driver import DriverConfig, drive
 from kvcompass.loadgen.records import RequestRecord, write_record
 from kvcompass.loadgen.summary import RunSummary, summarize
@@ -36,12 +36,15 @@ def replay(
     out: Path | None = None,
     progress: bool = False,
     total: int | None = None,
+    ctrl_c: CtrlC | None = None,
 ) -> Replay:
     """Run ``requests`` against the routers in a new event loop (blocks until the last
     answer). ``out``: JSONL records, one line as each request ends; ``total``: the
-    progress bar's length, if known."""
+    progress bar's length, if known; ``ctrl_c``: the caller's, if it owns SIGINT already.
+    Ctrl-C ends the run early (``Replay.interrupted``)."""
     records: list[RequestRecord] = []
     with ExitStack() as stack:
+        interrupt = stack.enter_context(nullcontext(ctrl_c) if ctrl_c else CtrlC())
         sink = stack.enter_context(open(out, "w")) if out is not None else None
         bar = stack.enter_context(tqdm(total=total, unit="req", disable=not progress))
         errors = 0
@@ -57,7 +60,7 @@ def replay(
 
         start = time.perf_counter()
         try:
-            duration_s = asyncio.run(drive(requests, config, on_record)).duration_s
+            duration_s = interrupt.run(drive(requests, config, on_record)).duration_s
             interrupted = False
         except KeyboardInterrupt:
             duration_s = time.perf_counter() - start
