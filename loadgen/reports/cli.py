@@ -3,19 +3,23 @@
 Each artefact writes ``<artefact>.png``, ``.csv`` and ``.json`` into ``--out`` and prints
 its table. Simulator-based artefacts keep their runs under ``<out>/grid/`` and skip runs
 already complete there, so an interrupted report resumes and fig13/fig14 reuse fig12's.
+``all`` makes every artefact in turn (table5 last: it reads fig12's runs) and prints how
+long each took; ``--figures DIR`` copies each PNG there (the README's ``docs/figures``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvcompass.loadgen.reports.common import Artefact, repo_root
 
-__all__ = ["ARTEFACTS", "main"]
+__all__ = ["ALL_ORDER", "ARTEFACTS", "Maker", "main"]
 
 
 def _traces_dir(given: str | None) -> Path:
@@ -91,8 +95,10 @@ def _table4(a: argparse.Namespace) -> Artefact:
     return run_table4(a.out, quick=a.quick, jobs=a.jobs)
 
 
+Maker = Callable[[argparse.Namespace], Artefact]
+
 #: artefact → (what it shows, how to make it)
-ARTEFACTS: dict[str, tuple[str, Callable[[argparse.Namespace], Artefact]]] = {
+ARTEFACTS: dict[str, tuple[str, Maker]] = {
     "fig2": ("share of reusable prefixes cached only in another region (traces)", _fig2),
     "fig5b": ("latency-derived levels vs fixed grids, by table budget (traces)", _fig5b),
     "table5": ("structural false hits of the keyless index by load, ± fingerprints", _table5),
@@ -114,14 +120,32 @@ def _parser() -> argparse.ArgumentParser:
         epilog=f"artefacts:\n{listing}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("artefact", choices=list(ARTEFACTS), metavar="ARTEFACT")
+    p.add_argument("artefact", choices=[*ARTEFACTS, "all"], metavar="ARTEFACT")
     p.add_argument(
         "--quick", action="store_true", help="small sizes (each artefact ≤ 5 min on 2 cores)"
     )
     p.add_argument("--out", type=Path, default=Path("results/reports"), help="output folder")
     p.add_argument("--jobs", type=int, default=1, help="parallel simulation processes")
     p.add_argument("--traces", default=None, help="folder of the Mooncake traces (fig2, fig5b)")
+    p.add_argument(
+        "--figures", type=Path, default=None, help="also copy each PNG here (e.g. docs/figures)"
+    )
     return p
+
+
+#: ``all``: fig12 before fig13/fig14 (they reuse its cells), table5 after it (it reads them).
+ALL_ORDER = (
+    "fig2",
+    "fig5b",
+    "fig9",
+    "fig12",
+    "fig13",
+    "fig14",
+    "fig15",
+    "fig16",
+    "table4",
+    "table5",
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -129,7 +153,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.jobs < 1:
         print("kvcompass report: --jobs must be at least 1", file=sys.stderr)
         return 2
-    art = ARTEFACTS[args.artefact][1](args)
-    print(art.table())
-    print(f"wrote {args.out / art.name}.{{png,csv,json}}")
+    names = ALL_ORDER if args.artefact == "all" else (args.artefact,)
+    took: list[tuple[str, float]] = []
+    for name in names:
+        started = time.monotonic()
+        art = ARTEFACTS[name][1](args)
+        took.append((name, time.monotonic() - started))
+        print(art.table())
+        print(f"wrote {args.out / art.name}.{{png,csv,json}}")
+        png = args.out / f"{art.name}.png"
+        if args.figures is not None and png.exists():
+            args.figures.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(png, args.figures / png.name)
+            print(f"copied {png.name} to {args.figures}")
+    if len(took) > 1:
+        print("\n".join(f"{name:7} {seconds:7.0f} s" for name, seconds in took))
     return 0

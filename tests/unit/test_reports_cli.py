@@ -1,0 +1,46 @@
+"""``kvcompass report all``: every artefact once, in an order that lets later ones reuse
+earlier runs, with each PNG copied to ``--figures``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from kvcompass.loadgen.reports import cli
+from kvcompass.loadgen.reports.common import Artefact
+
+
+def test_all_makes_every_artefact_once_fig12_before_its_readers_and_copies_pngs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[str] = []
+
+    def fake(name: str) -> cli.Maker:
+        def make(args: argparse.Namespace) -> Artefact:
+            made.append(name)
+            (args.out / f"{name}.png").write_bytes(b"png")
+            return Artefact(name, ["x"], [{"x": 1}])
+
+        return make
+
+    fakes = {name: (what, fake(name)) for name, (what, _) in cli.ARTEFACTS.items()}
+    monkeypatch.setattr(cli, "ARTEFACTS", fakes)
+    out, figures = tmp_path / "out", tmp_path / "figures"
+    out.mkdir()
+    assert cli.main(["all", "--out", str(out), "--figures", str(figures)]) == 0
+    assert sorted(made) == sorted(cli.ARTEFACTS)
+    assert made.index("fig12") < min(made.index(n) for n in ("fig13", "fig14", "table5"))
+    assert sorted(p.name for p in figures.iterdir()) == sorted(f"{n}.png" for n in made)
+
+
+def test_one_artefact_without_figures_copies_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def make(args: argparse.Namespace) -> Artefact:
+        return Artefact("fig9", ["x"], [{"x": 1}])
+
+    monkeypatch.setitem(cli.ARTEFACTS, "fig9", ("", make))
+    assert cli.main(["fig9", "--out", str(tmp_path)]) == 0
+    assert list(tmp_path.iterdir()) == []
