@@ -28,9 +28,9 @@ import numpy as np
 
 from kvcompass.loadgen.demo import demo_workload
 from kvcompass.loadgen.records import RequestRecord, read_records
+from kvcompass.loadgen.sim.cell import topology_of
 from kvcompass.loadgen.sim.config import SimConfig
 from kvcompass.loadgen.sim.records import SimRecord
-from kvcompass.loadgen.sim.run import topology_of
 from kvcompass.loadgen.sim.simulator import simulate
 
 __all__ = ["TOLERANCE", "Gap", "compare", "main"]

@@ -1,12 +1,13 @@
-"""One simulation cell from command-line style options: what ``sim run`` and every cell
-of ``sim sweep`` execute (a plain function of picklable options, for worker processes)."""
+"""One simulation cell: what ``sim run`` executes, every cell of ``sim sweep`` and every
+run of the simulator-based reports (plain, picklable data, for worker processes)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from kvcompass.loadgen.cli import workload
@@ -18,41 +19,60 @@ from kvcompass.routing import Ablations, RoutingConfig
 from kvcompass.topology import Topology, builtin_names, load_builtin, load_topology
 from kvcompass.worker import EvictionPolicy
 
-__all__ = ["ABLATIONS", "RunOptions", "run_cell", "topology_of"]
+__all__ = ["ABLATIONS", "Cell", "run_cell", "topology_of", "write_cell"]
 
-#: ``--ablation`` names: each switches one term of the joint score off (Fig. 15).
+#: Ablation names: each switches one term of the joint score off (Fig. 15).
 ABLATIONS = tuple(f.name for f in dataclasses.fields(Ablations))
 
 
 @dataclass(frozen=True)
-class RunOptions:
-    """A cell: the sim's knobs and the workload's (the names of ``kvcompass loadgen``)."""
+class Cell:
+    """The policy at a Poisson rate for a seed, the simulator's knobs and the workload's
+    (the names of ``kvcompass loadgen``).
 
-    topology: str = "sim-8region"
+    Arrivals stop at ``duration`` simulated seconds or after ``requests`` of them,
+    whichever comes first (None: no such bound). ``resync`` is on by default, as in the
+    live edges and :class:`SimConfig`; the paper's edges have none, so the reports turn
+    it off (``reports.cells.paper_cell``)."""
+
     policy: str = "kvcompass"
+    rate: float = 100.0
+    seed: int = 0
+    topology: str = "sim-8region"
     workload: str = "synthetic"
     trace: Path | None = None
     azure: Path | None = None
     azure_lengths: bool = False
-    rate: float = 100.0
-    duration: float = 30.0
+    duration: float | None = 30.0
     requests: int | None = None
-    seed: int = 0
     ablations: tuple[str, ...] = ()
     update_delay_ms: float = 0.0
     update_loss: float = 0.0
     jitter_pct: float = 0.0
     flush_ms: float = 5.0
     resync: bool = True
+    serving_overhead_ms: float = 0.0
     eviction: str = "lru"
     sample_every_s: float = 1.0
     region_weights: tuple[float, ...] = ()
-    params: tuple[str, ...] = field(default_factory=tuple)
+    params: tuple[str, ...] = ()
     speed: float = 1.0
     skip: int = 0
     tenants: str = "default"
     max_prompt_tokens: int | None = None
     max_tokens: int | None = None
+
+    @property
+    def key(self) -> str:
+        """The cell's folder name: workload, policy (+ ablations), rate, then every field
+        that differs from the defaults, so two different cells never share a folder."""
+        parts = [self.workload, "+no-".join((self.policy, *self.ablations)), f"r{self.rate:g}"]
+        defaults = Cell()
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name not in _IN_HEAD and value != getattr(defaults, f.name):
+                parts.append(f"{f.name}={value}")
+        return re.sub(r"[^A-Za-z0-9_.+=-]", "_", "__".join(parts))
 
     def sim_config(self, topology: Topology) -> SimConfig:
         unknown = set(self.ablations) - set(ABLATIONS)
@@ -70,6 +90,7 @@ class RunOptions:
             resync=self.resync,
             jitter_pct=self.jitter_pct,
             flush_ms=self.flush_ms,
+            serving_overhead_ms=self.serving_overhead_ms,
             sample_every_s=self.sample_every_s,
             time_limit_s=self.duration,
         )
@@ -81,19 +102,24 @@ class RunOptions:
         return workload(args, topology)
 
 
+_IN_HEAD = ("workload", "policy", "ablations", "rate")
+
+
 def topology_of(name_or_path: str) -> Topology:
     if name_or_path in builtin_names():
         return load_builtin(name_or_path)
     return load_topology(Path(name_or_path))
 
 
-def run_cell(options: RunOptions, progress: Progress | None = None) -> SimResult:
-    topology = topology_of(options.topology)
-    config = options.sim_config(topology)
-    result = simulate(config, options.requests_of(topology), progress)
-    result.config["workload"] = {
-        k: str(v) if isinstance(v, Path) else v
-        for k, v in dataclasses.asdict(options).items()
-        if k not in ("topology", "policy", "seed")
+def run_cell(cell: Cell, progress: Progress | None = None) -> SimResult:
+    topology = topology_of(cell.topology)
+    result = simulate(cell.sim_config(topology), cell.requests_of(topology), progress)
+    result.config["cell"] = {
+        k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(cell).items()
     }
     return result
+
+
+def write_cell(cell: Cell, folder: Path) -> None:
+    """Run the cell and write its folder (``summary.json`` last): a grid's runner."""
+    run_cell(cell).write(folder)
