@@ -59,3 +59,18 @@ def test_cell_keys_differ_by_every_knob() -> None:
         Cell("kvcompass", 100, jitter_pct=50),
     ]
     assert len({c.key for c in cells}) == len(cells)
+
+
+def test_report_cells_keep_the_papers_edges_but_table4_compares_both() -> None:
+    from kvcompass.loadgen.reports import fig9, fig12, fig15, table4
+
+    paper = [
+        *fig9.cells(quick=True),
+        *fig12.cells(fig12.SCALES["fig12"], quick=True),
+        *fig15.cells(quick=True),
+    ]
+    assert all(not c.resync and c.workload == "mixed" and c.duration is None for c in paper)
+    rows = table4.cells(quick=True)
+    lossy = [c for c in rows if c.update_loss]
+    assert {c.resync for c in lossy} == {False, True}
+    assert not any(c.resync for c in rows if not c.update_loss)
