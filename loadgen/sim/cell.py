@@ -81,18 +81,10 @@ class Cell:
         ablations = Ablations(**dict.fromkeys(self.ablations, False))
         return SimConfig(
             topology,
-            policy=self.policy,
             routing=RoutingConfig(ablations=ablations),
-            seed=self.seed,
             eviction=EvictionPolicy(self.eviction),
-            update_delay_ms=self.update_delay_ms,
-            update_loss=self.update_loss,
-            resync=self.resync,
-            jitter_pct=self.jitter_pct,
-            flush_ms=self.flush_ms,
-            serving_overhead_ms=self.serving_overhead_ms,
-            sample_every_s=self.sample_every_s,
             time_limit_s=self.duration,
+            **{name: getattr(self, name) for name in _PASSED_ON},
         )
 
     def requests_of(self, topology: Topology) -> Iterator[LiveRequest]:
@@ -103,6 +95,13 @@ class Cell:
 
 
 _IN_HEAD = ("workload", "policy", "ablations", "rate")
+#: The cell's fields SimConfig has under the same name and type: handed on as they are.
+_PASSED_ON = tuple(
+    f.name
+    for f in dataclasses.fields(SimConfig)
+    if f.name in {c.name for c in dataclasses.fields(Cell)}
+    and f.name not in ("topology", "eviction")
+)
 
 
 def topology_of(name_or_path: str) -> Topology:
