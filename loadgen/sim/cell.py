@@ -71,8 +71,9 @@ class Cell:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name not in _IN_HEAD and value != getattr(defaults, f.name):
-                parts.append(f"{f.name}={value}")
-        return re.sub(r"[^A-Za-z0-9_.+=-]", "_", "__".join(parts))
+                shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
+                parts.append(f"{f.name}={shown}")
+        return re.sub(r"[^A-Za-z0-9_.,+=-]", "_", "__".join(parts))
 
     def sim_config(self, topology: Topology) -> SimConfig:
         unknown = set(self.ablations) - set(ABLATIONS)

@@ -136,7 +136,8 @@ def _cell(args: argparse.Namespace, **override: Any) -> Cell:
     values = {k: v for k, v in vars(args).items() if k in names and v is not None}
     values |= {"ablations": tuple(args.ablations), "params": tuple(args.params)}
     values["sample_every_s"] = args.sample_every
-    values |= override
+    # A TOML grid gives lists; a cell is hashable (the grid keys its folders by cell).
+    values |= {k: tuple(v) if isinstance(v, list) else v for k, v in override.items()}
     return Cell(**values)
 
 
