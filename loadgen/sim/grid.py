@@ -1,10 +1,11 @@
 """A grid of cells run in parallel processes into one results folder, resumable.
 
 Layout: ``<root>/<cell.key>/`` per cell (``requests.csv``, ``load.csv``, ``summary.json``)
-and ``<root>/index.csv``, one row per complete cell folder under the root (its cell's
-fields, then its summary). Resume rule: a cell whose ``summary.json`` parses
-(:func:`done_summary`; the simulator writes it last) is not run again. ``kvcompass sim
-sweep`` and every simulator-based report run their cells through :func:`run_grid`.
+and ``<root>/index.csv``, one row per complete cell folder under the root: its cell's
+fields, then its summary (whose ``requests`` is the count simulated). Resume rule: a
+cell whose ``summary.json`` parses (:func:`done_summary`; the simulator writes it last)
+is not run again. ``kvcompass sim sweep`` and every simulator-based report run their
+cells through :func:`run_grid`.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def run_grid(
             bar.update()
             if on_done is not None:
                 on_done(cell, False)
-    write_index(root)
+    _write_index(root)
     return folders
 
 
@@ -93,7 +94,7 @@ def _finished(
                 yield futures[future]
 
 
-def write_index(root: Path) -> Path:
+def _write_index(root: Path) -> Path:
     """``index.csv``: every complete cell folder under ``root``, by folder name."""
     rows = []
     for summary_path in sorted(root.glob("*/summary.json")):
