@@ -4,7 +4,7 @@ Panels: P99 TTFT vs arrival rate per scheme; the TTFT and E2E distributions (CDF
 each scheme's throughput (prompt + output tokens per simulated second) at one focus
 rate. The JSON holds each baseline's P99 TTFT over KVCompass's at the focus rate, beside
 the paper's §5.3 ratios at 3000 req/s. Rates are multiples of the pool's no-reuse
-capacity λ0 (:func:`~.grid.no_reuse_capacity`): with our Mixed look-alike (mean prompt
+capacity λ0 (:func:`~.cells.no_reuse_capacity`): with our Mixed look-alike (mean prompt
 ≈ 3.9K tokens) and the topology's β, λ0 ≈ 158 req/s on sim-8region, so the paper's
 absolute rates (200–6000 req/s) would all be deep overload here.
 """
@@ -20,10 +20,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
+from kvcompass.loadgen.reports.cells import paper_cell, rates_of
 from kvcompass.loadgen.reports.common import Artefact
-from kvcompass.loadgen.reports.grid import Cell, CellRunner, rates_of, simulate_cell
 from kvcompass.loadgen.reports.runs import Run
 from kvcompass.loadgen.reports.sweep import collect, color_of, plot_cdf, policies, rate_rows
+from kvcompass.loadgen.sim.cell import Cell, write_cell
+from kvcompass.loadgen.sim.grid import CellRunner
 
 __all__ = ["SCALES", "Scale", "cells", "figure", "focus_rate", "p99_ratios", "run_fig12"]
 
@@ -81,7 +83,9 @@ SCALES = {
 def cells(scale: Scale, quick: bool) -> list[Cell]:
     rates = rates_of(scale.topology, scale.quick_loads if quick else scale.loads)
     n = scale.quick_requests if quick else scale.requests
-    return [Cell(p, r, 0, topology=scale.topology, requests=n) for p in policies() for r in rates]
+    return [
+        paper_cell(p, r, 0, topology=scale.topology, requests=n) for p in policies() for r in rates
+    ]
 
 
 def focus_rate(scale: Scale) -> float:
@@ -134,7 +138,7 @@ def run_fig12(
     quick: bool,
     jobs: int = 1,
     scale: str = "fig12",
-    runner: CellRunner = simulate_cell,
+    runner: CellRunner = write_cell,
 ) -> Artefact:
     s = SCALES[scale]
     runs = collect(cells(s, quick), out, jobs, runner)

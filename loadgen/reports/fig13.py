@@ -16,9 +16,10 @@ from matplotlib.figure import Figure
 
 from kvcompass.loadgen.reports.common import Artefact
 from kvcompass.loadgen.reports.fig12 import SCALES, cells, focus_rate
-from kvcompass.loadgen.reports.grid import CellRunner, simulate_cell
 from kvcompass.loadgen.reports.runs import Run
 from kvcompass.loadgen.reports.sweep import collect
+from kvcompass.loadgen.sim.cell import write_cell
+from kvcompass.loadgen.sim.grid import CellRunner
 
 __all__ = ["figure", "run_fig13", "tabulate"]
 
@@ -58,7 +59,7 @@ def figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
 
 
 def run_fig13(
-    out: Path, *, quick: bool, jobs: int = 1, runner: CellRunner = simulate_cell
+    out: Path, *, quick: bool, jobs: int = 1, runner: CellRunner = write_cell
 ) -> Artefact:
     s = SCALES["fig12"]
     focus = focus_rate(s)

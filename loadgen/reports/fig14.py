@@ -19,9 +19,10 @@ from numpy.typing import NDArray
 
 from kvcompass.loadgen.reports.common import Artefact
 from kvcompass.loadgen.reports.fig12 import SCALES, cells, focus_rate
-from kvcompass.loadgen.reports.grid import CellRunner, simulate_cell
 from kvcompass.loadgen.reports.runs import Run
 from kvcompass.loadgen.reports.sweep import collect
+from kvcompass.loadgen.sim.cell import write_cell
+from kvcompass.loadgen.sim.grid import CellRunner
 
 __all__ = ["figure", "load_matrix", "peak_load_factor", "run_fig14"]
 
@@ -75,7 +76,7 @@ def figure(runs: Mapping[str, Run]) -> Figure:
 
 
 def run_fig14(
-    out: Path, *, quick: bool, jobs: int = 1, runner: CellRunner = simulate_cell
+    out: Path, *, quick: bool, jobs: int = 1, runner: CellRunner = write_cell
 ) -> Artefact:
     s = SCALES["fig12"]
     focus = focus_rate(s)

@@ -15,14 +15,23 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
+from kvcompass.loadgen.reports.cells import paper_cell, rates_of
 from kvcompass.loadgen.reports.common import Artefact
-from kvcompass.loadgen.reports.grid import ABLATIONS, Cell, CellRunner, rates_of, simulate_cell
 from kvcompass.loadgen.reports.runs import Run
 from kvcompass.loadgen.reports.sweep import collect, mean_of
+from kvcompass.loadgen.sim.cell import Cell, write_cell
+from kvcompass.loadgen.sim.grid import CellRunner
 
 __all__ = ["cells", "figure", "run_fig15", "tabulate"]
 
 COLUMNS = ("variant", "throughput_tokens_per_s", "relative_throughput_pct", "ttft_p99_ms")
+#: Fig. 15's variants: name → the :class:`kvcompass.routing.Ablations` switch it turns off.
+VARIANTS = {
+    "no-load-aware": "load_aware",
+    "no-xregion-reuse": "xregion_reuse",
+    "tier-blind": "tier_aware",
+    "no-kv-migration": "migration",
+}
 #: Paper Fig. 15: throughput relative to the full design (%).
 PAPER = {
     "full": 100.0,
@@ -38,16 +47,20 @@ def cells(quick: bool, topology: str = "sim-8region") -> list[Cell]:
     n = 400 if quick else 8000
     seeds = (0,) if quick else (0, 1, 2)
     return [
-        Cell("kvcompass", rate, s, topology=topology, requests=n, ablation=a)
-        for a in ("", *ABLATIONS)
+        paper_cell("kvcompass", rate, s, topology=topology, requests=n, ablations=off)
+        for off in ((), *((a,) for a in VARIANTS.values()))
         for s in seeds
     ]
+
+
+def _variant(cell: Cell) -> str:
+    return next((name for name, a in VARIANTS.items() if cell.ablations == (a,)), "full")
 
 
 def tabulate(runs: Mapping[Cell, Run]) -> list[dict[str, Any]]:
     groups: dict[str, list[Run]] = {}
     for c, r in runs.items():
-        groups.setdefault(c.ablation or "full", []).append(r)
+        groups.setdefault(_variant(c), []).append(r)
     full = mean_of(groups.get("full", []), "throughput_tokens_per_s")
     rows = []
     for variant, group in groups.items():
@@ -80,7 +93,7 @@ def figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
 
 
 def run_fig15(
-    out: Path, *, quick: bool, jobs: int = 1, runner: CellRunner = simulate_cell
+    out: Path, *, quick: bool, jobs: int = 1, runner: CellRunner = write_cell
 ) -> Artefact:
     grid = cells(quick)
     art = Artefact("fig15", (*COLUMNS, "paper_pct"), tabulate(collect(grid, out, jobs, runner)))

@@ -16,17 +16,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
+from kvcompass.loadgen.reports.cells import no_reuse_capacity, paper_cell, rates_of
 from kvcompass.loadgen.reports.common import Artefact
-from kvcompass.loadgen.reports.grid import (
-    Cell,
-    CellRunner,
-    no_reuse_capacity,
-    rates_of,
-    simulate_cell,
-)
 from kvcompass.loadgen.reports.mg1 import pk_mean_wait_ms
 from kvcompass.loadgen.reports.runs import Run
 from kvcompass.loadgen.reports.sweep import collect, color_of, policies
+from kvcompass.loadgen.sim.cell import Cell, write_cell
+from kvcompass.loadgen.sim.grid import CellRunner
 
 __all__ = ["cells", "run_fig9", "service_moments", "tabulate"]
 
@@ -47,7 +43,7 @@ def cells(quick: bool, topology: str = "sim-8region") -> list[Cell]:
     seeds = (0,) if quick else (0, 1)
     n = 300 if quick else 6000
     return [
-        Cell(p, r, s, topology=topology, requests=n)
+        paper_cell(p, r, s, topology=topology, requests=n)
         for p in _schemes()
         for r in rates
         for s in seeds
@@ -99,9 +95,7 @@ def figure(rows: Sequence[Mapping[str, float | str]]) -> Figure:
     return fig
 
 
-def run_fig9(
-    out: Path, *, quick: bool, jobs: int = 1, runner: CellRunner = simulate_cell
-) -> Artefact:
+def run_fig9(out: Path, *, quick: bool, jobs: int = 1, runner: CellRunner = write_cell) -> Artefact:
     from kvcompass.topology import load_builtin
 
     grid = cells(quick)

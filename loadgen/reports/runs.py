@@ -16,9 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from kvcompass.loadgen.sim.sweep import done_summary
-
-__all__ = ["Run", "is_complete", "load_run"]
+__all__ = ["Run", "load_run"]
 
 _TEXT = {"request_id", "session", "tenant", "origin", "policy", "worker", "worker_region", "reason"}
 
@@ -47,12 +45,6 @@ def _columns(path: Path) -> dict[str, NDArray[Any]]:
         raw = [row[i] for row in rows]
         cols[name] = np.array(raw, dtype=object if name in _TEXT else np.float64)
     return cols
-
-
-def is_complete(folder: Path) -> bool:
-    """A run folder is complete once its summary.json (written last) parses: the same
-    test as ``kvcompass sim sweep``'s resume."""
-    return done_summary(folder) is not None
 
 
 def load_run(folder: Path) -> Run:

@@ -10,8 +10,9 @@ import numpy as np
 from matplotlib.axes import Axes
 from numpy.typing import NDArray
 
-from kvcompass.loadgen.reports.grid import Cell, CellRunner, run_grid, simulate_cell
 from kvcompass.loadgen.reports.runs import Run, load_run
+from kvcompass.loadgen.sim.cell import Cell, write_cell
+from kvcompass.loadgen.sim.grid import CellRunner, run_grid
 
 __all__ = ["collect", "color_of", "mean_of", "plot_cdf", "policies", "rate_rows"]
 
@@ -37,10 +38,10 @@ def color_of(policy: str) -> tuple[float, float, float, float]:
 
 
 def collect(
-    cells: Sequence[Cell], out: Path, jobs: int = 1, runner: CellRunner = simulate_cell
+    cells: Sequence[Cell], out: Path, jobs: int = 1, runner: CellRunner = write_cell
 ) -> dict[Cell, Run]:
     """Run the missing cells under ``out/grid`` and read every cell's folder back."""
-    folders = run_grid(cells, out / "grid", jobs=jobs, runner=runner)
+    folders = run_grid(cells, out / "grid", jobs=jobs, runner=runner, progress=True)
     return {cell: load_run(folder) for cell, folder in folders.items()}
 
 

@@ -18,34 +18,45 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
+from kvcompass.loadgen.reports.cells import paper_cell, rates_of
 from kvcompass.loadgen.reports.common import Artefact
-from kvcompass.loadgen.reports.grid import Cell, CellRunner, rates_of, simulate_cell
 from kvcompass.loadgen.reports.runs import Run
 from kvcompass.loadgen.reports.sweep import collect
 from kvcompass.loadgen.reports.table5 import false_lookup_share
+from kvcompass.loadgen.sim.cell import Cell, write_cell
+from kvcompass.loadgen.sim.grid import CellRunner
 
 __all__ = ["cells", "run_table4", "tabulate"]
 
 COLUMNS = ("variant", "resync", "ttft_p99_ms", "hit_rate_pct", "false_lookups_pct")
 
 
-def _variants() -> list[tuple[str, dict[str, Any]]]:
-    out: list[tuple[str, dict[str, Any]]] = [("base", {})]
-    out += [(f"jitter ±{p}%", {"jitter_pct": float(p)}) for p in (25, 50, 99)]
+def _variants() -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [{}]
+    out += [{"jitter_pct": float(p)} for p in (25, 50, 99)]
     for resync in (False, True):
-        out += [
-            (f"loss {int(100 * p)}%", {"update_loss": p, "resync": resync}) for p in (0.1, 0.2, 0.3)
-        ]
-    out += [(f"delay {d} ms", {"update_delay_ms": float(d)}) for d in (100, 200, 300)]
+        out += [{"update_loss": p, "resync": resync} for p in (0.1, 0.2, 0.3)]
+    out += [{"update_delay_ms": float(d)} for d in (100, 200, 300)]
     return out
+
+
+def variant(cell: Cell) -> str:
+    """The row's name, from the one knob the cell changes."""
+    if cell.jitter_pct:
+        return f"jitter ±{cell.jitter_pct:g}%"
+    if cell.update_loss:
+        return f"loss {int(100 * cell.update_loss)}%"
+    if cell.update_delay_ms:
+        return f"delay {cell.update_delay_ms:g} ms"
+    return "base"
 
 
 def cells(quick: bool, topology: str = "sim-8region") -> list[Cell]:
     rate = rates_of(topology, [1.0])[0]
     n = 300 if quick else 8000
     return [
-        Cell("kvcompass", rate, 0, topology=topology, requests=n, tag=name, **knobs)
-        for name, knobs in _variants()
+        paper_cell("kvcompass", rate, 0, topology=topology, requests=n, **knobs)
+        for knobs in _variants()
     ]
 
 
@@ -56,7 +67,7 @@ def tabulate(runs: Mapping[Cell, Run]) -> list[dict[str, Any]]:
         prompt = float(req["prompt_tokens"].sum())
         rows.append(
             {
-                "variant": cell.tag,
+                "variant": variant(cell),
                 "resync": cell.resync,
                 "ttft_p99_ms": float(run.summary.get("ttft_p99_ms", float("nan"))),
                 "hit_rate_pct": 100 * float(req["reused_tokens"].sum()) / prompt if prompt else 0.0,
@@ -85,7 +96,7 @@ def figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
 
 
 def run_table4(
-    out: Path, *, quick: bool, jobs: int = 1, runner: CellRunner = simulate_cell
+    out: Path, *, quick: bool, jobs: int = 1, runner: CellRunner = write_cell
 ) -> Artefact:
     grid = cells(quick)
     art = Artefact("table4", COLUMNS, tabulate(collect(grid, out, jobs, runner)))

@@ -118,12 +118,13 @@ def end_to_end(out: Path, quick: bool) -> str:
     """The end-to-end false-lookup rate of KVCompass's runs in ``out/grid`` (Fig. 12's
     cells: run ``report fig12`` first; this report simulates nothing itself)."""
     from kvcompass.loadgen.reports.fig12 import SCALES, cells
-    from kvcompass.loadgen.reports.runs import is_complete, load_run
+    from kvcompass.loadgen.reports.runs import load_run
+    from kvcompass.loadgen.sim.grid import done_summary
 
     lines = []
     for cell in cells(SCALES["fig12"], quick):
         folder = out / "grid" / cell.key
-        if cell.policy == "kvcompass" and is_complete(folder):
+        if cell.policy == "kvcompass" and done_summary(folder) is not None:
             req = load_run(folder).requests
             share = false_lookup_share(req["matched_tokens"], req["reused_tokens"])
             lines.append(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import textwrap
 import tomllib
@@ -11,9 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kvcompass.loadgen.sim.cell import ABLATIONS, Cell, run_cell
+from kvcompass.loadgen.sim.grid import product, run_grid
 from kvcompass.loadgen.sim.records import SimResult
-from kvcompass.loadgen.sim.run import ABLATIONS, RunOptions, run_cell
-from kvcompass.loadgen.sim.sweep import cells, run_sweep
 from kvcompass.loadgen.workloads import WORKLOADS
 from kvcompass.routing import POLICY_NAMES
 from kvcompass.worker import EvictionPolicy
@@ -58,7 +59,15 @@ def _cell_arguments(p: argparse.ArgumentParser, sweep: bool) -> None:
         "--resync",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="edges detect gaps and reload from a writer snapshot (beyond the paper)",
+        help="edges detect gaps and reload from a writer snapshot, as the live edges do "
+        "(beyond the paper, whose edges apply whatever arrives: --no-resync)",
+    )
+    g.add_argument(
+        "--serving-overhead-ms",
+        type=float,
+        default=0.0,
+        help="fixed per-request serving time the live path pays and the paper's model has "
+        "not (HTTP parse and forward, SSE); kvcompass sim agree measures it",
     )
     g.add_argument(
         "--eviction", choices=[str(e) for e in EvictionPolicy], default="lru", help="cache policy"
@@ -103,9 +112,10 @@ def parser() -> argparse.ArgumentParser:
     sweep = sub.add_parser(
         "sweep",
         help="a grid of policies × rates × seeds in parallel processes (resumes)",
-        description="Run every cell of the grid not already done under --out, then write "
-        "--out/index.csv. The grid comes from flags, or a TOML file whose keys are "
-        "policies, rates, seeds and any option of a cell (flags given too are overridden).",
+        description="Run every cell of the grid not already done under --out (one folder "
+        "per cell, named by its settings), then write --out/index.csv. The grid comes from "
+        "flags, or a TOML file whose keys are policies, rates, seeds and any option of a "
+        "cell (flags given too are overridden).",
     )
     _cell_arguments(sweep, sweep=True)
     # Parsed by agreement.main (see main); listed here for --help.
@@ -121,13 +131,14 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _options(args: argparse.Namespace, **override: Any) -> RunOptions:
-    names = {f.name for f in dataclasses.fields(RunOptions)}
+def _cell(args: argparse.Namespace, **override: Any) -> Cell:
+    names = {f.name for f in dataclasses.fields(Cell)}
     values = {k: v for k, v in vars(args).items() if k in names and v is not None}
     values |= {"ablations": tuple(args.ablations), "params": tuple(args.params)}
     values["sample_every_s"] = args.sample_every
-    values |= override
-    return RunOptions(**values)
+    # A TOML grid gives lists; a cell is hashable (the grid keys its folders by cell).
+    values |= {k: tuple(v) if isinstance(v, list) else v for k, v in override.items()}
+    return Cell(**values)
 
 
 def _table(result: SimResult) -> str:
@@ -152,20 +163,20 @@ def _table(result: SimResult) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    options = _options(args)
+    cell = _cell(args)
     show = sys.stderr.isatty() if args.progress is None else args.progress
     if show:
         from tqdm import tqdm
 
-        bar = tqdm(total=options.duration, unit="sim s", desc=options.policy)
+        bar = tqdm(total=cell.duration, unit="sim s", desc=cell.policy)
 
         def progress(now: float) -> None:
-            bar.update(min(now, options.duration) - bar.n)
+            bar.update(min(now, cell.duration or now) - bar.n)
 
-        result = run_cell(options, progress)
+        result = run_cell(cell, progress)
         bar.close()
     else:
-        result = run_cell(options)
+        result = run_cell(cell)
     print(_table(result))
     if args.out is not None:
         print(f"wrote {result.write(args.out)}")
@@ -186,13 +197,9 @@ def _sweep(args: argparse.Namespace) -> int:
     unknown = sorted(set(policies) - set(POLICY_NAMES))
     if unknown:
         raise ValueError(f"unknown policies {unknown}; known: {', '.join(POLICY_NAMES)}")
-    base = _options(args, **override)
-    grid = cells(base, policies, rates, seeds)
-    from tqdm import tqdm
-
-    with tqdm(total=len(grid), unit="cell", desc="sweep") as bar:
-        index = run_sweep(grid, args.out, args.jobs, lambda _cell, _skipped: bar.update())
-    print(f"wrote {index}")
+    grid = product(_cell(args, **override), policies, rates, seeds)
+    run_grid(grid, args.out, jobs=args.jobs or os.cpu_count() or 1, progress=True)
+    print(f"wrote {args.out / 'index.csv'}")
     return 0
 
 

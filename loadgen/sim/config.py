@@ -25,7 +25,11 @@ class SimConfig:
     whatever reaches it, like the paper's edges. ``jitter_pct``: every WAN crossing
     takes its one-way delay times a uniform factor in [1 − p/100, 1 + p/100].
     ``time_limit_s``: stop admitting arrivals after this simulated time (None: all);
-    requests admitted still finish.
+    requests admitted still finish. ``serving_overhead_ms``: a fixed time every request
+    pays between its routing decision and its worker, for what the live path does and
+    the paper's model has not (HTTP parse and forward at the router, the worker's HTTP
+    and SSE handling); 0, the paper's model, by default (``kvcompass sim agree``
+    measures the live value).
     """
 
     topology: Topology
@@ -39,6 +43,7 @@ class SimConfig:
     jitter_pct: float = 0.0
     sample_every_s: float = 1.0
     time_limit_s: float | None = None
+    serving_overhead_ms: float = 0.0
     #: Index shards (one maintenance unit's writer each).
     shards: int = 4
     #: The MU's patch flush period under load (the live default of ``KVC_FLUSH_MS``).
@@ -52,8 +57,10 @@ class SimConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.update_loss <= 1:
             raise ValueError(f"update_loss must be in [0, 1], got {self.update_loss}")
-        if self.update_delay_ms < 0 or not 0 <= self.jitter_pct < 100:
-            raise ValueError("update_delay_ms must be >= 0 and jitter_pct in [0, 100)")
+        if min(self.update_delay_ms, self.serving_overhead_ms) < 0:
+            raise ValueError("update_delay_ms and serving_overhead_ms must be >= 0")
+        if not 0 <= self.jitter_pct < 100:
+            raise ValueError(f"jitter_pct must be in [0, 100), got {self.jitter_pct}")
         positive = ("sample_every_s", "flush_ms", "snapshot_every_s", "local_period_s")
         for name in positive:
             if getattr(self, name) <= 0:

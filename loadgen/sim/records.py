@@ -31,8 +31,9 @@ class SimRecord:
     """One request, times in ms. ``matched_tokens``: what the policy claimed at the worker;
     ``reused_tokens``: what the worker's cache actually held at prefill start (VRAM and
     DRAM), of which ``dram_tokens`` came from DRAM. Recomputed = prompt − reused.
-    ``wan_ms``: the round trip paid (out and back); ``ttft_ms`` = lookup + WAN out + queue
-    + reload + prefill + WAN back; ``e2e_ms`` up to the last token back at the edge."""
+    ``wan_ms``: the round trip paid (out and back); ``ttft_ms`` = lookup + WAN out +
+    serving overhead + queue + reload + prefill + WAN back; ``e2e_ms`` up to the last
+    token back at the edge. ``overhead_ms``: ``SimConfig.serving_overhead_ms``."""
 
     request_id: str
     session: str
@@ -55,6 +56,7 @@ class SimRecord:
     ttft_ms: float
     e2e_ms: float
     reason: str
+    overhead_ms: float = 0.0
 
     @property
     def recomputed_tokens(self) -> int:

@@ -190,7 +190,8 @@ class Simulation:
         flight = _Flight(request, tokens, decision, out_ms)
         self._pending += 1
         now = self.clock.monotonic()
-        self.events.push(now + (decision.lookup_ms + out_ms) / 1e3, self._submit, flight)
+        reach_ms = decision.lookup_ms + out_ms + self.config.serving_overhead_ms
+        self.events.push(now + reach_ms / 1e3, self._submit, flight)
         order = decision.migration
         if order is not None:
             target = self._region_of[order.target_worker]
@@ -273,6 +274,7 @@ class Simulation:
                 ttft_ms,
                 (at + back_s - flight.arrival) * 1e3,
                 decision.reason,
+                self.config.serving_overhead_ms,
             )
         )
         # The last chunk carries the reuse report and the region's queues (piggybacked).

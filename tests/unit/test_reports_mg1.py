@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from kvcompass.loadgen.reports.fig9 import tabulate
-from kvcompass.loadgen.reports.grid import Cell
 from kvcompass.loadgen.reports.mg1 import pk_mean_wait_ms
 from kvcompass.loadgen.reports.runs import Run
+from kvcompass.loadgen.sim.cell import Cell
 
 
 def test_pk_matches_hand_computed_values() -> None:

@@ -16,10 +16,10 @@ from kvcompass.loadgen.reports.fig12 import run_fig12
 from kvcompass.loadgen.reports.fig13 import run_fig13
 from kvcompass.loadgen.reports.fig14 import peak_load_factor, run_fig14
 from kvcompass.loadgen.reports.fig15 import run_fig15
-from kvcompass.loadgen.reports.grid import Cell
 from kvcompass.loadgen.reports.runs import load_run
 from kvcompass.loadgen.reports.table4 import run_table4
 from kvcompass.loadgen.sim import LoadSample, SimRecord, SimResult
+from kvcompass.loadgen.sim.cell import Cell
 
 
 def fake_run(cell: Cell, folder: Path) -> None:

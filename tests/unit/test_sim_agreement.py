@@ -1,19 +1,22 @@
-"""The sim-vs-live comparison: zero gap against itself, and it flags a real difference."""
+"""The sim-vs-live comparison: zero gap against itself, it flags a real difference, and
+the serving overhead it measures is the one a live run paid."""
 
 from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from kvcompass.loadgen.records import RequestRecord
 from kvcompass.loadgen.sim import SimConfig, SimRecord, simulate
-from kvcompass.loadgen.sim.agreement import compare
+from kvcompass.loadgen.sim.agreement import compare, measured_overhead
 from kvcompass.loadgen.sim.testing import shared_prefixes
 from kvcompass.routing.testing import TOY
 
 RECORDS = simulate(SimConfig(TOY, seed=2), shared_prefixes(TOY, 20.0, 120, seed=2)).records
 
 
-def as_live(rec: SimRecord, slower: float = 1.0) -> RequestRecord:
+def as_live(rec: SimRecord, slower: float = 1.0, plus_ms: float = 0.0) -> RequestRecord:
     """What the load generator would have written for the same outcome."""
     return RequestRecord(
         request_id=rec.request_id,
@@ -31,8 +34,8 @@ def as_live(rec: SimRecord, slower: float = 1.0) -> RequestRecord:
         claimed_tokens=rec.matched_tokens,
         reused_tokens=rec.reused_tokens,
         completion_tokens=rec.output_tokens,
-        ttft_ms=rec.ttft_ms * slower,
-        e2e_ms=rec.e2e_ms * slower,
+        ttft_ms=rec.ttft_ms * slower + plus_ms,
+        e2e_ms=rec.e2e_ms * slower + plus_ms,
     )
 
 
@@ -58,3 +61,40 @@ def test_failed_live_requests_are_left_out() -> None:
     _, facts = compare(RECORDS, live)
     assert facts["joined"] == len(RECORDS) - 1
     assert facts["live_failed"] == 1
+
+
+def test_the_overhead_is_the_median_excess_of_unqueued_requests_doing_the_same_work() -> None:
+    unqueued = [r for r in RECORDS if r.queue_ms == 0]
+    assert 10 < len(unqueued) < len(RECORDS)  # both kinds occur
+    live = [as_live(r, plus_ms=13.0) for r in RECORDS]
+    # A few live requests queued where the model did not: the median ignores them.
+    for i in range(0, len(live), 5):
+        live[i] = dataclasses.replace(live[i], ttft_ms=(live[i].ttft_ms or 0.0) + 500.0)
+    # Requests the model queued, or that ran elsewhere or with other reuse live, say
+    # nothing of the overhead: give them a huge excess, it must not count.
+    queued = {r.request_id for r in RECORDS if r.queue_ms > 0}
+    live = [
+        dataclasses.replace(r, ttft_ms=(r.ttft_ms or 0.0) + 9e3) if r.request_id in queued else r
+        for r in live
+    ]
+    live[1] = dataclasses.replace(live[1], worker="elsewhere", ttft_ms=9e3)
+    live[2] = dataclasses.replace(live[2], reused_tokens=-1, ttft_ms=9e3)
+
+    overhead, n = measured_overhead(RECORDS, live)
+    assert overhead == pytest.approx(13.0)
+    assert n == len(unqueued) - len({RECORDS[1].request_id, RECORDS[2].request_id} - queued)
+
+
+def test_the_overhead_of_a_simulated_live_run_is_recovered() -> None:
+    # Round-robin routes alike whatever the timing, so the "live" run (the simulator
+    # paying 9 ms per request) does the same work as the paper's model.
+    requests = shared_prefixes(TOY, 20.0, 120, seed=4)
+    paper = simulate(SimConfig(TOY, policy="round-robin", seed=4), requests).records
+    paid = simulate(
+        SimConfig(TOY, policy="round-robin", seed=4, serving_overhead_ms=9.0), requests
+    ).records
+    overhead, n = measured_overhead(paper, [as_live(r) for r in paid])
+    assert overhead == pytest.approx(9.0)
+    assert n == sum(r.queue_ms == 0 for r in paper)
+    # Against records that already pay an overhead the answer is the same: the whole of it.
+    assert measured_overhead(paid, [as_live(r) for r in paid])[0] == pytest.approx(9.0)

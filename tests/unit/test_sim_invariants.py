@@ -31,10 +31,31 @@ def test_every_request_finishes_once_and_tokens_add_up(policy: str) -> None:
         assert rec.prefill_ms == pytest.approx(beta[rec.worker] * rec.recomputed_tokens)
         assert rec.reload_ms == pytest.approx(TOY.gamma_ms_per_token * rec.dram_tokens)
         parts = rec.lookup_ms + rec.wan_ms + rec.queue_ms + rec.reload_ms + rec.prefill_ms
+        parts += rec.overhead_ms
         assert rec.ttft_ms == pytest.approx(parts)
         assert rec.e2e_ms >= rec.ttft_ms
     # The workload shares system prompts and documents: some prefill is reused.
     assert sum(r.reused_tokens for r in result.records) > 0
+
+
+def test_the_serving_overhead_is_paid_once_by_every_request() -> None:
+    # Round-robin picks the same workers whatever the timing, so every arrival at a
+    # worker moves by exactly the overhead and nothing else changes.
+    paper = simulate(SimConfig(TOY, policy="round-robin", seed=3), REQUESTS).records
+    live = simulate(
+        SimConfig(TOY, policy="round-robin", seed=3, serving_overhead_ms=12.0), REQUESTS
+    ).records
+
+    assert all(r.overhead_ms == 0.0 for r in paper)
+    by_id = {r.request_id: r for r in paper}
+    for rec in live:
+        before = by_id[rec.request_id]
+        assert rec.worker == before.worker
+        assert rec.overhead_ms == 12.0
+        assert rec.ttft_ms == pytest.approx(before.ttft_ms + 12.0)
+        assert rec.e2e_ms == pytest.approx(before.e2e_ms + 12.0)
+        parts = rec.lookup_ms + rec.wan_ms + rec.queue_ms + rec.reload_ms + rec.prefill_ms
+        assert rec.ttft_ms == pytest.approx(parts + rec.overhead_ms)
 
 
 def test_a_seed_fixes_the_run() -> None:

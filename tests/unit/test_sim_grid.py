@@ -1,11 +1,14 @@
-"""The grid runner resumes: cells with a complete summary.json are not run again."""
+"""The grid runner (``sim sweep`` and the reports) resumes: cells with a complete
+summary.json are not run again; every distinct cell has its own folder."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from kvcompass.loadgen.reports.grid import Cell, run_grid
+from kvcompass.loadgen.reports.cells import paper_cell
+from kvcompass.loadgen.sim.cell import Cell
+from kvcompass.loadgen.sim.grid import run_grid
 
 
 class _Counting:
@@ -44,9 +47,30 @@ def test_cell_keys_differ_by_every_knob() -> None:
     cells = [
         Cell("kvcompass", 100),
         Cell("kvcompass", 100, seed=1),
-        Cell("kvcompass", 100, ablation="tier-blind"),
+        Cell("kvcompass", 100, ablations=("tier_aware",)),
+        Cell("kvcompass", 100, ablations=("tier_aware", "migration")),
+        Cell("kvcompass", 100, workload="mixed"),
+        Cell("kvcompass", 100, duration=None, requests=300),
+        Cell("kvcompass", 100, resync=False),
+        Cell("kvcompass", 100, serving_overhead_ms=15.0),
+        paper_cell("kvcompass", 100),
         Cell("kvcompass", 100, update_loss=0.3),
-        Cell("kvcompass", 100, update_loss=0.3, resync=True),
+        Cell("kvcompass", 100, update_loss=0.3, resync=False),
         Cell("kvcompass", 100, jitter_pct=50),
     ]
     assert len({c.key for c in cells}) == len(cells)
+
+
+def test_report_cells_keep_the_papers_edges_but_table4_compares_both() -> None:
+    from kvcompass.loadgen.reports import fig9, fig12, fig15, table4
+
+    paper = [
+        *fig9.cells(quick=True),
+        *fig12.cells(fig12.SCALES["fig12"], quick=True),
+        *fig15.cells(quick=True),
+    ]
+    assert all(not c.resync and c.workload == "mixed" and c.duration is None for c in paper)
+    rows = table4.cells(quick=True)
+    lossy = [c for c in rows if c.update_loss]
+    assert {c.resync for c in lossy} == {False, True}
+    assert not any(c.resync for c in rows if not c.update_loss)

@@ -1,0 +1,125 @@
+"""One simulation cell: what ``sim run`` executes, every cell of ``sim sweep`` and every
+run of the simulator-based reports (plain, picklable data, for worker processes)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvcompass.loadgen.cli import workload
+from kvcompass.loadgen.sim.config import SimConfig
+from kvcompass.loadgen.sim.records import SimResult
+from kvcompass.loadgen.sim.simulator import Progress, simulate
+from kvcompass.loadgen.workloads import LiveRequest
+from kvcompass.routing import Ablations, RoutingConfig
+from kvcompass.topology import Topology, builtin_names, load_builtin, load_topology
+from kvcompass.worker import EvictionPolicy
+
+__all__ = ["ABLATIONS", "Cell", "run_cell", "topology_of", "write_cell"]
+
+#: Ablation names: each switches one term of the joint score off (Fig. 15).
+ABLATIONS = tuple(f.name for f in dataclasses.fields(Ablations))
+
+
+@dataclass(frozen=True)
+class Cell:
+    """The policy at a Poisson rate for a seed, the simulator's knobs and the workload's
+    (the names of ``kvcompass loadgen``).
+
+    Arrivals stop at ``duration`` simulated seconds or after ``requests`` of them,
+    whichever comes first (None: no such bound). ``resync`` is on by default, as in the
+    live edges and :class:`SimConfig`; the paper's edges have none, so the reports turn
+    it off (``reports.cells.paper_cell``)."""
+
+    policy: str = "kvcompass"
+    rate: float = 100.0
+    seed: int = 0
+    topology: str = "sim-8region"
+    workload: str = "synthetic"
+    trace: Path | None = None
+    azure: Path | None = None
+    azure_lengths: bool = False
+    duration: float | None = 30.0
+    requests: int | None = None
+    ablations: tuple[str, ...] = ()
+    update_delay_ms: float = 0.0
+    update_loss: float = 0.0
+    jitter_pct: float = 0.0
+    flush_ms: float = 5.0
+    resync: bool = True
+    serving_overhead_ms: float = 0.0
+    eviction: str = "lru"
+    sample_every_s: float = 1.0
+    region_weights: tuple[float, ...] = ()
+    params: tuple[str, ...] = ()
+    speed: float = 1.0
+    skip: int = 0
+    tenants: str = "default"
+    max_prompt_tokens: int | None = None
+    max_tokens: int | None = None
+
+    @property
+    def key(self) -> str:
+        """The cell's folder name: workload, policy (+ ablations), rate, then every field
+        that differs from the defaults, so two different cells never share a folder."""
+        parts = [self.workload, "+no-".join((self.policy, *self.ablations)), f"r{self.rate:g}"]
+        defaults = Cell()
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name not in _IN_HEAD and value != getattr(defaults, f.name):
+                shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
+                parts.append(f"{f.name}={shown}")
+        return re.sub(r"[^A-Za-z0-9_.,+=-]", "_", "__".join(parts))
+
+    def sim_config(self, topology: Topology) -> SimConfig:
+        unknown = set(self.ablations) - set(ABLATIONS)
+        if unknown:
+            raise ValueError(f"unknown ablation(s) {sorted(unknown)}; known: {list(ABLATIONS)}")
+        ablations = Ablations(**dict.fromkeys(self.ablations, False))
+        return SimConfig(
+            topology,
+            routing=RoutingConfig(ablations=ablations),
+            eviction=EvictionPolicy(self.eviction),
+            time_limit_s=self.duration,
+            **{name: getattr(self, name) for name in _PASSED_ON},
+        )
+
+    def requests_of(self, topology: Topology) -> Iterator[LiveRequest]:
+        # The load generator's own reading of these options: both replay the same requests.
+        args = argparse.Namespace(**dataclasses.asdict(self))
+        args.params = list(self.params)
+        return workload(args, topology)
+
+
+_IN_HEAD = ("workload", "policy", "ablations", "rate")
+#: The cell's fields SimConfig has under the same name and type: handed on as they are.
+_PASSED_ON = tuple(
+    f.name
+    for f in dataclasses.fields(SimConfig)
+    if f.name in {c.name for c in dataclasses.fields(Cell)}
+    and f.name not in ("topology", "eviction")
+)
+
+
+def topology_of(name_or_path: str) -> Topology:
+    if name_or_path in builtin_names():
+        return load_builtin(name_or_path)
+    return load_topology(Path(name_or_path))
+
+
+def run_cell(cell: Cell, progress: Progress | None = None) -> SimResult:
+    topology = topology_of(cell.topology)
+    result = simulate(cell.sim_config(topology), cell.requests_of(topology), progress)
+    result.config["cell"] = {
+        k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(cell).items()
+    }
+    return result
+
+
+def write_cell(cell: Cell, folder: Path) -> None:
+    """Run the cell and write its folder (``summary.json`` last): a grid's runner."""
+    run_cell(cell).write(folder)

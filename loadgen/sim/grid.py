@@ -1,0 +1,115 @@
+"""A grid of cells run in parallel processes into one results folder, resumable.
+
+Layout: ``<root>/<cell.key>/`` per cell (``requests.csv``, ``load.csv``, ``summary.json``)
+and ``<root>/index.csv``, one row per complete cell folder under the root: its cell's
+fields, then its summary (whose ``requests`` is the count simulated). Resume rule: a
+cell whose ``summary.json`` parses (:func:`done_summary`; the simulator writes it last)
+is not run again. ``kvcompass sim sweep`` and every simulator-based report run their
+cells through :func:`run_grid`.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from kvcompass.loadgen.sim.cell import Cell, write_cell
+
+__all__ = ["CellRunner", "done_summary", "product", "run_grid"]
+
+#: Runs one cell and writes its folder (a module-level function, to pickle to workers).
+CellRunner = Callable[[Cell, Path], None]
+
+
+def product(
+    base: Cell, policies: Iterable[str], rates: Iterable[float], seeds: Iterable[int]
+) -> list[Cell]:
+    """The base cell at every policy × rate × seed."""
+    return [
+        dataclasses.replace(base, policy=p, rate=r, seed=s)
+        for p in policies
+        for r in rates
+        for s in seeds
+    ]
+
+
+def done_summary(folder: Path) -> dict[str, Any] | None:
+    """The cell's summary if its run completed (summary.json is written last)."""
+    try:
+        summary: dict[str, Any] = json.loads((folder / "summary.json").read_text())["summary"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return summary
+
+
+def run_grid(
+    cells: Sequence[Cell],
+    root: Path,
+    *,
+    jobs: int = 1,
+    runner: CellRunner = write_cell,
+    progress: bool = False,
+    on_done: Callable[[Cell, bool], None] | None = None,
+) -> dict[Cell, Path]:
+    """Run every cell not done yet (in this process with ``jobs`` 1, else in ``jobs``
+    processes), write ``index.csv`` and return each cell's folder. ``on_done(cell,
+    skipped)`` after each cell; a failed cell stops the grid, finished cells stay done."""
+    root.mkdir(parents=True, exist_ok=True)
+    folders = {cell: root / cell.key for cell in cells}
+    todo = []
+    for cell, folder in folders.items():
+        if done_summary(folder) is None:
+            todo.append(cell)
+        elif on_done is not None:
+            on_done(cell, True)
+    with tqdm(total=len(todo), desc="simulations", unit="run", disable=not progress) as bar:
+        for cell in _finished(todo, folders, jobs, runner):
+            bar.update()
+            if on_done is not None:
+                on_done(cell, False)
+    _write_index(root)
+    return folders
+
+
+def _finished(
+    todo: Sequence[Cell], folders: dict[Cell, Path], jobs: int, runner: CellRunner
+) -> Iterator[Cell]:
+    """Run the cells, yielding each as it finishes."""
+    if jobs <= 1:
+        for cell in todo:
+            runner(cell, folders[cell])
+            yield cell
+    elif todo:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            futures = {pool.submit(runner, c, folders[c]): c for c in todo}
+            for future in as_completed(futures):
+                future.result()
+                yield futures[future]
+
+
+def _write_index(root: Path) -> Path:
+    """``index.csv``: every complete cell folder under ``root``, by folder name."""
+    rows = []
+    for summary_path in sorted(root.glob("*/summary.json")):
+        try:
+            data = json.loads(summary_path.read_text())
+            summary, cell = data["summary"], data.get("config", {}).get("cell", {})
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # an interrupted cell
+        rows.append({"folder": summary_path.parent.name} | cell | summary)
+    names: dict[str, None] = {}
+    for row in rows:
+        names.update(dict.fromkeys(row))
+    path = root / "index.csv"
+    with open(path, "w", newline="") as out:
+        writer = csv.DictWriter(out, list(names))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
