@@ -196,7 +196,7 @@ class PrefixCache:
 
     def match(self, namespace: Namespace, tokens: TokenIds) -> CacheMatch:
         """The longest held prefix of ``tokens`` (read-only: no use is recorded)."""
-        return self._summary(list(self._walk(namespace, _as_bytes(tokens))))
+        return self._summary(self._path(namespace, _as_bytes(tokens)))
 
     def blocks(self, tier: Tier) -> int:
         return self.used[tier]
@@ -227,24 +227,34 @@ class PrefixCache:
 
     # -- internals -------------------------------------------------------------------
 
-    def _walk(self, namespace: Namespace, data: bytes) -> Iterator[_Block]:
+    def _path(self, namespace: Namespace, data: bytes) -> list[_Block]:
+        """The held blocks of the prompt ``data``, root first (a list: two walks per
+        request over ~200 blocks, where a generator's per-block resume shows)."""
+        path: list[_Block] = []
         node = self._roots.get(namespace)
+        if node is None:
+            return path
         width = self.block_size * _TOKEN.itemsize
         for start in range(0, len(data) - width + 1, width):
-            if node is None:
-                return
             node = node.children.get(data[start : start + width])
-            if node is not None:
-                yield node
+            if node is None:
+                break
+            path.append(node)
+        return path
 
     def _summary(self, path: list[_Block]) -> CacheMatch:
-        dram = sum(1 for n in path if n.tier is Tier.DRAM)
+        # A path's DRAM blocks are its tail (a DRAM block's children are DRAM blocks).
+        dram = 0
+        for node in reversed(path):
+            if node.tier is not Tier.DRAM:
+                break
+            dram += 1
         return CacheMatch(len(path) * self.block_size, dram * self.block_size)
 
     def _hold(self, namespace: Namespace, tokens: TokenIds, tier: Tier) -> CacheMatch:
         data = _as_bytes(tokens)
         width = self.block_size * _TOKEN.itemsize
-        path = list(self._walk(namespace, data))
+        path = self._path(namespace, data)
         before = self._summary(path)
         n_blocks = min(len(data) // width, self.capacity[tier])
         self._op += 1
