@@ -114,17 +114,12 @@ class _Block:
         self.uses = uses
         self.pin = pin  # the operation that pinned it
         self.version = 0  # bumped whenever its eviction order or tier changes
-        self.vram_children = 0  # kept by set_tier / attach / detach
+        self.vram_children = 0  # kept by set_tier, detach and admission (_hold)
 
     def set_tier(self, tier: Tier) -> None:
         if self.parent is not None and tier is not self.tier:
             self.parent.vram_children += 1 if tier is Tier.VRAM else -1
         self.tier = tier
-
-    def attach(self) -> None:
-        assert self.parent is not None
-        self.parent.children[self.data] = self
-        self.parent.vram_children += self.tier is Tier.VRAM
 
     def detach(self) -> None:
         assert self.parent is not None
@@ -276,9 +271,9 @@ class PrefixCache:
                 self._offer(node)
         if n_blocks > len(path):
             parent = path[-1] if path else self._root(namespace)
-            # The loop runs once per new block (~150 for a long prompt): attach is inlined,
-            # and while the tier has room no eviction is looked for (_make_room would
-            # find nothing to do).
+            # The loop runs once per new block (~150 for a long prompt), so it attaches
+            # each in place and looks for no eviction while the tier has room
+            # (_make_room would find nothing to do).
             room = self.capacity[tier] - self.used[tier]
             vram = tier is Tier.VRAM
             used = self.used
