@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,7 +133,10 @@ class SimResult:
 
 def _write_csv(path: Path, kind: type, rows: Sequence[Any]) -> None:
     names = [f.name for f in dataclasses.fields(kind)]
+    # Every field is a scalar: attrgetter reads them as astuple would, without its
+    # per-row fields() and deep copies (a tenth of a 6,000-request cell's time).
+    row = operator.attrgetter(*names)
     with open(path, "w", newline="") as out:
         writer = csv.writer(out)
         writer.writerow(names)
-        writer.writerows(dataclasses.astuple(r) for r in rows)
+        writer.writerows(map(row, rows))

@@ -17,6 +17,7 @@ import gc
 import math
 import random
 import time
+from array import array
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -181,7 +182,9 @@ class Simulation:
         namespace = self._namespaces.get(request.tenant)
         if namespace is None:
             namespace = self._namespaces[request.tenant] = Namespace(self._model, request.tenant)
-        tokens = np.asarray(request.tokens, dtype=np.uint32)
+        # array('I') converts a list of ints in C, ~3x numpy's asarray (a long prompt's
+        # conversion was a tenth of the decision).
+        tokens = np.frombuffer(array("I", request.tokens), dtype=np.uint32)
         origin = request.origin_region
         policy = self.policies[origin]
         decision = policy.decide(RouteRequest(request.request_id, tokens, origin, namespace))

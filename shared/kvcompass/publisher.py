@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvcompass.index.layout import Tier
-from kvcompass.keys import Namespace, PrefixHasher, TokenIds, prefix_keys, shard_of
+from kvcompass.keys import Namespace, PrefixHasher, TokenIds, shard_of
 from kvcompass.levels import LevelPlan
 from kvcompass.pipeline.clock import Clock, SystemClock
 from kvcompass.topology import Worker
@@ -31,6 +31,9 @@ __all__ = ["EventPublisher", "Send"]
 
 #: Delivers one encoded batch to a shard's partition of ``kvc.events``.
 Send = Callable[[int, bytes], None]
+
+#: Hashers kept for (namespace, lengths) pairs before the publisher forgets them all.
+_MAX_HASHERS = 4096
 
 
 @dataclass(slots=True)
@@ -79,6 +82,7 @@ class EventPublisher:
         self._registered = frozenset(self._lengths)
         self._key_hash = plan.key_hash
         self._hasher = PrefixHasher(self._lengths, namespace, plan.key_hash)
+        self._hashers: dict[tuple[Namespace, tuple[int, ...]], PrefixHasher] = {}
         self._send = send
         self._pending: dict[int, _Pending] = defaultdict(_Pending)
         self._pending_keys = 0
@@ -125,7 +129,7 @@ class EventPublisher:
                 raise ValueError(
                     f"lengths {unknown} are not registration lengths of {self.worker.id}"
                 )
-            keys = prefix_keys(tokens, sorted(lengths), namespace or self.namespace, self._key_hash)
+            keys = self._hasher_for(namespace or self.namespace, lengths).keys(tokens)
         by_shard: dict[int, list[tuple[int, int]]] = defaultdict(list)
         for length, key in keys.items():
             by_shard[shard_of(key, self.n_shards)].append((length, key))
@@ -141,6 +145,18 @@ class EventPublisher:
         if self._pending_keys >= self.max_buffered_keys:
             return self.flush()
         return []
+
+    def _hasher_for(self, namespace: Namespace, lengths: Collection[int]) -> PrefixHasher:
+        """A hasher per (namespace, lengths) met: a cache changes the same few runs of
+        lengths over and over, so each is checked once, not once per change."""
+        lengths = tuple(sorted(lengths))
+        hasher = self._hashers.get((namespace, lengths))
+        if hasher is None:
+            if len(self._hashers) >= _MAX_HASHERS:
+                self._hashers.clear()  # many tenants: start over rather than grow
+            hasher = PrefixHasher(lengths, namespace, self._key_hash)
+            self._hashers[(namespace, lengths)] = hasher
+        return hasher
 
     def discard(self) -> int:
         """Drop every buffered event unsent; returns how many keys were dropped.

@@ -51,6 +51,20 @@ def test_explicit_lengths_and_namespace_publish_only_those_keys() -> None:
     assert keys_sent(sent) == set(prefix_keys(TOKENS, chosen, tenant).items())
 
 
+def test_changes_alternating_namespaces_and_lengths_each_get_their_own_keys() -> None:
+    """The publisher keeps one hasher per (namespace, lengths): none may serve another."""
+    pub = publisher([])
+    registered = PLAN.registration_lengths[WORKER.region]
+    tenants = [Namespace("llama-3.1-8b", t) for t in ("a", "b")]
+    for lengths in (registered[1:3], registered[2:3], registered[1:3]):
+        for tenant in tenants:
+            sent: list[tuple[int, bytes]] = []
+            pub._send = lambda shard, data, sent=sent: sent.append((shard, data))
+            pub.publish(EventKind.ADMIT, TOKENS, Tier.VRAM, namespace=tenant, lengths=lengths)
+            pub.flush()
+            assert keys_sent(sent) == set(prefix_keys(TOKENS, lengths, tenant).items())
+
+
 def test_a_length_that_is_not_registered_is_refused() -> None:
     with pytest.raises(ValueError, match="not registration lengths"):
         publisher([]).publish(EventKind.ADMIT, TOKENS, Tier.VRAM, lengths=(17,))

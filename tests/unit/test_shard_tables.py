@@ -64,6 +64,24 @@ def test_set_tier_then_read_back_and_patch() -> None:
     assert tables.count == 0
 
 
+def test_take_patches_skips_only_tables_with_nothing_to_send() -> None:
+    """Tables are skipped when clean, which must not hide a write, a grow or corruption."""
+    tables = new_tables(capacity=8)
+    us, eu = LAYOUT.slots[3][0], LAYOUT.slots[9][0]
+    assert not any(t.changed for t in tables.tables.values())
+    tables.set_tier(keys_of(1, 4), 3, Tier.VRAM)
+    assert [t for t, table in tables.tables.items() if table.changed] == [us]
+    assert set(tables.take_patches()) == {us}
+    tables.set_tier(keys_of(1, 60, seed=1), 9, Tier.DRAM)  # grows the eu table
+    patches = tables.take_patches()
+    assert set(patches) == {eu}
+    assert patches[eu].reload is not None
+    assert tables.take_patches() == {}
+    tables.tables[eu]._poison("broken on purpose")  # nothing written since the last take
+    with pytest.raises(IndexCorrupt):
+        tables.take_patches()
+
+
 @pytest.mark.parametrize(
     ("bad", "message"),
     [

@@ -396,6 +396,18 @@ class LudoTable:
 
     # -- patches -------------------------------------------------------------------
 
+    @property
+    def changed(self) -> bool:
+        """Whether :meth:`take_patch` has anything to return, or would refuse (corrupt):
+        a cheap test per flush."""
+        return bool(
+            self._corrupt is not None
+            or self._reload_pending
+            or self._othello_reset
+            or self._t.state[1]
+            or self._othello.arrays.state[1]
+        )
+
     def take_patch(self) -> TablePatch:
         """The absolute-state patch for everything written since the last call."""
         self._check_intact()

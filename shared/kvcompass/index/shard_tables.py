@@ -102,12 +102,16 @@ class ShardTables:
         keys: NDArray[np.uint64],
         clear: NDArray[np.uint64],
         bits: NDArray[np.uint64],
+        *,
+        shard_checked: bool = False,
     ) -> None:
         """value := (value & ~clear[i]) | bits[i] for every keys[i] of one table, in order.
 
         The maintenance unit's batch write (one compiled call). Refuses the whole call,
         changing nothing, when any key is not a 63-bit key of this shard or any value
-        does not fit the table.
+        does not fit the table. ``shard_checked``: the caller has already refused keys
+        of other shards (the writer checks each batch as it stages it), so they are not
+        hashed a second time.
         """
         table = self._tables.get(table_id)
         if table is None:
@@ -123,13 +127,14 @@ class ShardTables:
         bits = np.ascontiguousarray(bits, dtype=np.uint64)
         if int(bits.max()) > table.geometry.value_mask:
             raise BadInput(f"a value does not fit {table.geometry.value_bits} bits")
-        owners = shard_of_array(keys, self.n_shards)
-        foreign = np.flatnonzero(owners != self.shard)
-        if len(foreign):
-            j = int(foreign[0])
-            raise BadInput(
-                f"key {int(keys[j])} belongs to shard {int(owners[j])}, not {self.shard}"
-            )
+        if not shard_checked:
+            owners = shard_of_array(keys, self.n_shards)
+            foreign = np.flatnonzero(owners != self.shard)
+            if len(foreign):
+                j = int(foreign[0])
+                raise BadInput(
+                    f"key {int(keys[j])} belongs to shard {int(owners[j])}, not {self.shard}"
+                )
         table.write_bits_many(keys, np.ascontiguousarray(clear, dtype=np.uint64), bits)
 
     # -- output ------------------------------------------------------------------------
@@ -138,6 +143,8 @@ class ShardTables:
         """Patches of every table written since the last call (table id -> patch)."""
         out = {}
         for table_id, table in self._tables.items():
+            if not table.changed:  # most tables of a shard see no write between flushes
+                continue
             patch = table.take_patch()
             if not patch.is_empty:
                 out[table_id] = patch

@@ -282,7 +282,8 @@ class ShardWriter:
                     keys, clear, bits = (
                         np.concatenate(column) for column in zip(*parts, strict=True)
                     )
-                self.tables.write_columns(table_id, keys, clear, bits)
+                # Every staged key passed _check: of this shard.
+                self.tables.write_columns(table_id, keys, clear, bits, shard_checked=True)
         except InvariantBroken as exc:
             self._broken = f"write to shard {self.shard} failed: {exc}"
             raise

@@ -95,7 +95,14 @@ class _Block:
     )
 
     def __init__(
-        self, namespace: Namespace, parent: _Block | None, data: bytes, tier: Tier, tick: int
+        self,
+        namespace: Namespace,
+        parent: _Block | None,
+        data: bytes,
+        tier: Tier,
+        tick: int,
+        pin: int = 0,
+        uses: int = 0,
     ) -> None:
         self.namespace = namespace
         self.parent: _Block | None = parent  # None for a root and for a removed block
@@ -104,20 +111,15 @@ class _Block:
         self.children: dict[bytes, _Block] = {}
         self.tier = tier
         self.born = self.last_use = tick
-        self.uses = 0
-        self.pin = 0  # the operation that pinned it
+        self.uses = uses
+        self.pin = pin  # the operation that pinned it
         self.version = 0  # bumped whenever its eviction order or tier changes
-        self.vram_children = 0  # kept by set_tier / attach / detach
+        self.vram_children = 0  # kept by set_tier, detach and admission (_hold)
 
     def set_tier(self, tier: Tier) -> None:
         if self.parent is not None and tier is not self.tier:
             self.parent.vram_children += 1 if tier is Tier.VRAM else -1
         self.tier = tier
-
-    def attach(self) -> None:
-        assert self.parent is not None
-        self.parent.children[self.data] = self
-        self.parent.vram_children += self.tier is Tier.VRAM
 
     def detach(self) -> None:
         assert self.parent is not None
@@ -189,7 +191,7 @@ class PrefixCache:
 
     def match(self, namespace: Namespace, tokens: TokenIds) -> CacheMatch:
         """The longest held prefix of ``tokens`` (read-only: no use is recorded)."""
-        return self._summary(list(self._walk(namespace, _as_bytes(tokens))))
+        return self._summary(self._path(namespace, _as_bytes(tokens)))
 
     def blocks(self, tier: Tier) -> int:
         return self.used[tier]
@@ -220,24 +222,34 @@ class PrefixCache:
 
     # -- internals -------------------------------------------------------------------
 
-    def _walk(self, namespace: Namespace, data: bytes) -> Iterator[_Block]:
+    def _path(self, namespace: Namespace, data: bytes) -> list[_Block]:
+        """The held blocks of the prompt ``data``, root first (a list: two walks per
+        request over ~200 blocks, where a generator's per-block resume shows)."""
+        path: list[_Block] = []
         node = self._roots.get(namespace)
+        if node is None:
+            return path
         width = self.block_size * _TOKEN.itemsize
         for start in range(0, len(data) - width + 1, width):
-            if node is None:
-                return
             node = node.children.get(data[start : start + width])
-            if node is not None:
-                yield node
+            if node is None:
+                break
+            path.append(node)
+        return path
 
     def _summary(self, path: list[_Block]) -> CacheMatch:
-        dram = sum(1 for n in path if n.tier is Tier.DRAM)
+        # A path's DRAM blocks are its tail (a DRAM block's children are DRAM blocks).
+        dram = 0
+        for node in reversed(path):
+            if node.tier is not Tier.DRAM:
+                break
+            dram += 1
         return CacheMatch(len(path) * self.block_size, dram * self.block_size)
 
     def _hold(self, namespace: Namespace, tokens: TokenIds, tier: Tier) -> CacheMatch:
         data = _as_bytes(tokens)
         width = self.block_size * _TOKEN.itemsize
-        path = list(self._walk(namespace, data))
+        path = self._path(namespace, data)
         before = self._summary(path)
         n_blocks = min(len(data) // width, self.capacity[tier])
         self._op += 1
@@ -251,26 +263,39 @@ class PrefixCache:
                     n_blocks = node.depth - 1  # no room: hold only what precedes it
                     break
                 promoted.append(node)
-            self._touch(node, tick)
+            # _touch, inlined (once per held block): only a frontier block is queued
+            node.last_use = tick
+            node.uses += 1
+            node.version += 1
+            if not (node.vram_children if node.tier is Tier.VRAM else node.children):
+                self._offer(node)
         if n_blocks > len(path):
             parent = path[-1] if path else self._root(namespace)
-            for depth in range(len(path), n_blocks):
-                if not self._make_room(tier):
+            # The loop runs once per new block (~150 for a long prompt), so it attaches
+            # each in place and looks for no eviction while the tier has room
+            # (_make_room would find nothing to do).
+            room = self.capacity[tier] - self.used[tier]
+            vram = tier is Tier.VRAM
+            used = self.used
+            op = self._op
+            for start in range(len(path) * width, n_blocks * width, width):
+                if room > 0:
+                    room -= 1
+                elif not self._make_room(tier):
                     break
-                block = data[depth * width : (depth + 1) * width]
-                node = _Block(namespace, parent, block, tier, tick)
-                node.pin = self._op
-                node.uses = 1
-                node.attach()
-                self.used[tier] += 1
+                block = data[start : start + width]
+                node = _Block(namespace, parent, block, tier, tick, op, 1)
+                parent.children[block] = node
+                parent.vram_children += vram
+                used[tier] += 1
                 admitted.append(node)
                 parent = node
             if admitted:
                 # Only the deepest is a frontier block: its ancestors each have a child
                 # now, and become candidates through the removal or demotion below them.
                 self._offer(admitted[-1])
-        self._report(promoted, EventKind.TIER, Tier.VRAM)
-        self._report(admitted, EventKind.ADMIT, tier)
+        self._report(promoted, EventKind.TIER, Tier.VRAM, data)
+        self._report(admitted, EventKind.ADMIT, tier, data)
         return before
 
     def _root(self, namespace: Namespace) -> _Block:
@@ -278,12 +303,6 @@ class PrefixCache:
         if root is None:
             root = self._roots[namespace] = _Block(namespace, None, b"", Tier.VRAM, 0)
         return root
-
-    def _touch(self, node: _Block, tick: int) -> None:
-        node.last_use = tick
-        node.uses += 1
-        node.version += 1
-        self._offer(node)
 
     def _promote(self, node: _Block) -> bool:
         # Its DRAM slot is freed first, so a demotion made to fit it can take that slot.
@@ -323,7 +342,8 @@ class PrefixCache:
         self._offer(node)
         if node.parent is not None:
             self._offer(node.parent)  # it may have lost its last VRAM child
-        self._report([node], EventKind.TIER, Tier.DRAM)
+        if node.depth in self._registered_depths:
+            self._report([node], EventKind.TIER, Tier.DRAM)
         return True
 
     def _remove(self, node: _Block) -> None:
@@ -388,14 +408,21 @@ class PrefixCache:
             heapq.heappush(heap, entry)
         return victim
 
-    def _report(self, nodes: list[_Block], kind: EventKind, tier: Tier) -> None:
+    def _report(
+        self, nodes: list[_Block], kind: EventKind, tier: Tier, prompt: bytes | None = None
+    ) -> None:
         """One change per run of nodes along one path (one prompt's promoted / admitted
-        blocks), at the registration lengths among them."""
+        blocks, ``prompt`` that path's bytes when known), at the registration lengths
+        among them."""
         registered = [n for n in nodes if n.depth in self._registered_depths]
         if not registered:
             return
         last = max(registered, key=lambda n: n.depth)
-        tokens = np.frombuffer(last.path_data(), dtype=_TOKEN)
+        if prompt is None:
+            path = last.path_data()
+        else:  # the same bytes without walking up ~200 blocks
+            path = prompt[: last.depth * self.block_size * _TOKEN.itemsize]
+        tokens = np.frombuffer(path, dtype=_TOKEN)
         lengths = tuple(sorted(n.depth * self.block_size for n in registered))
         self._emit(last.namespace, kind, tier, tokens, lengths)
 
