@@ -97,7 +97,43 @@ def test_fig16_uses_the_16_region_topology(tmp_path: Path) -> None:
     assert (tmp_path / "fig16.png").stat().st_size > 1000
 
 
-def test_peak_is_the_hottest_workers_time_average(tmp_path: Path) -> None:
-    fake_run(Cell("random", 10), tmp_path)
-    peak, worker = peak_load_factor(load_run(tmp_path))
-    assert (peak, worker) == (2.0, "w3")
+def test_peak_is_the_hottest_workers_compute_over_the_pool_mean(tmp_path: Path) -> None:
+    # w0-w2 compute 100 ms each, w3 300 ms (200 prefill + 100 reload), w4 nothing:
+    # mean 600 / 5 = 120, peak 300 / 120 = 2.5. The window samples say otherwise (w0
+    # spikes to 9 in one window): the peak is not their mean.
+    records = [
+        SimRecord(
+            f"r{i}",
+            "s",
+            "t",
+            "a",
+            "random",
+            w,
+            "a",
+            0.1 * i,
+            100,
+            10,
+            0,
+            0,
+            0,
+            0.0,
+            1.0,
+            0.0,
+            prefill,
+            reload,
+            1.0,
+            2.0,
+            "random",
+        )
+        for i, (w, prefill, reload) in enumerate(
+            [("w0", 100.0, 0.0), ("w1", 100.0, 0.0), ("w2", 100.0, 0.0), ("w3", 200.0, 100.0)]
+        )
+    ]
+    samples = [LoadSample(0.0, "w0", 0.0, 1, 9.0), LoadSample(1.0, "w0", 0.0, 1, 9.0)]
+    result = SimResult(records, samples, {"policy": "random"}, 0.1, {"n_workers": 5})
+    result.write(tmp_path)
+    run = load_run(tmp_path)
+    peak, hottest = peak_load_factor(run)
+    assert hottest == "w3"
+    assert peak == pytest.approx(2.5)
+    assert run.summary["peak_load_factor"] == pytest.approx(2.5)  # the simulator's own

@@ -180,6 +180,21 @@ def test_ties_go_local_first_then_lower_queue() -> None:
     assert s.rank([5.0, 5.0, 9.0, 9.0], [1.0, 1.0, 0.0, 0.0], 2)[:2] == [A0, A1]
 
 
+def test_exact_ties_rotate_over_equal_workers_local_first() -> None:
+    # From region b, b-0 and b-1 are idle, unmatched and equally fast: every score ties.
+    # Taking the lower index every time would pile an idle pool's work on b-0.
+    p = kvcompass_policy(TOY, StubReader(4), ManualClock(), origin="b")
+    r = request(tokens(100), origin="b")
+    first = p.decide(r, explain=True).worker
+    assert p.decide(r, explain=True).worker == first  # a dry run does not rotate
+    chosen = [p.decide(r).worker for _ in range(4)]
+    assert chosen == [B0, B1, B0, B1]
+    s = JointScore(TOY, "b", Ablations(), 8.0, 350.0)
+    assert s.tie_order(0) == (B0, B1, A0, A1)
+    assert s.tie_order(1) == (B1, B0, A1, A0)  # each group rotates, local stays first
+    assert s.rank([5.0, 5.0, 5.0, 5.0], [0.0] * 4, 2, turn=1)[:2] == [B1, B0]
+
+
 # -- ablations: each changes exactly its term ---------------------------------------------
 
 

@@ -56,6 +56,7 @@ class KVCompassPolicy:
         self._local = frozenset(local)
         self._no_match = (0,) * n
         self._top = 1 + config.fallbacks
+        self._turn = 0  # rotates the start among exactly tied workers (JointScore.tie_order)
         self._migrate = config.ablations.migration
         self.hot = HotPrefixTracker(config.hot_misses, config.hot_window_s, config.max_families)
         first = {r: lengths[0] for r, lengths in plan.queries_from(origin_region).items()}
@@ -93,7 +94,9 @@ class KVCompassPolicy:
         queues = self.queues.values if score.load_aware else self.queues.blocked
         lam = score.price(queues)
         scores = score.scores(prompt, lengths, tiers, belief, queues, lam)
-        order = score.rank(scores, queues, self._top)
+        order = score.rank(scores, queues, self._top, self._turn)
+        if not explain:
+            self._turn += 1
         best = order[0]
         candidates = score.candidates(
             order if explain else order[: self._top],

@@ -60,9 +60,12 @@ class JointScore:
         self.xregion_reuse = ablations.xregion_reuse
         self.lambda_max = lambda_max
         self.tau_ms = tau_ms
-        # Stable sorts over this order break exact score ties local region first, then
-        # by lower index.
-        self.tie_order = tuple(sorted(range(self.n_workers), key=lambda w: (self.remote[w], w)))
+        # Stable sorts over a tie order break exact score ties local region first, then
+        # by a rotating start within each group (see :meth:`tie_order`).
+        local = tuple(w for w in self.workers if not self.remote[w])
+        remote = tuple(w for w in self.workers if self.remote[w])
+        self._local_turns = _rotations(local)
+        self._remote_turns = _rotations(remote)
 
     def price(self, queues: Sequence[float]) -> float:
         """λ = min(λmax, min_r T̂q(r) / τ); 0 without load awareness."""
@@ -96,17 +99,32 @@ class JointScore:
                 scores[w] += (gamma * e if tiers[w] == _DRAM else 0.0) - k * beta[w] * e
         return scores
 
-    def rank(self, scores: Sequence[float], queues: Sequence[float], top: int) -> list[int]:
+    def tie_order(self, turn: int) -> tuple[int, ...]:
+        """Every worker, local region first, each group rotated to start ``turn`` places on.
+
+        Exact ties are common (every idle worker without a match scores the same) and the
+        paper breaks none: always taking the lowest index piles a lightly loaded pool's
+        work, and then its caches and their future hits, on the first workers of each
+        region. Rotating the start per decision spreads equal workers evenly, as the
+        Oracle does.
+        """
+        local, remote = self._local_turns, self._remote_turns
+        return local[turn % len(local)] + remote[turn % len(remote)]
+
+    def rank(
+        self, scores: Sequence[float], queues: Sequence[float], top: int, turn: int = 0
+    ) -> list[int]:
         """Worker indices best first (the first ``top`` at least are exactly ordered).
 
-        Ties: local region first, then lower queue, then lower index.
+        Ties: local region first, then lower queue, then :meth:`tie_order` for ``turn``
+        (turn 0: lower index).
         """
-        order = sorted(self.tie_order, key=scores.__getitem__)
+        order = sorted(self.tie_order(turn), key=scores.__getitem__)
         head = order[: top + 1]
         for a, b in pairwise(head):
             if scores[a] == scores[b] and queues[a] != queues[b]:
                 remote = self.remote
-                return sorted(order, key=lambda w: (scores[w], remote[w], queues[w], w))
+                return sorted(order, key=lambda w: (scores[w], remote[w], queues[w]))
         return order
 
     def candidates(
@@ -152,3 +170,8 @@ class JointScore:
             )
             out.append(_new_candidate(Candidate, terms))
         return tuple(out)
+
+
+def _rotations(workers: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """``workers`` rotated to start at each of its places (one empty order if none)."""
+    return tuple(workers[k:] + workers[:k] for k in range(len(workers))) or ((),)

@@ -62,6 +62,7 @@ class CentralDirectory(IndexedBaseline):
             topology, origin_region, config.ablations, config.lambda_max, config.tau_ms
         )
         self._belief = (1.0,) * self.n_workers
+        self._turn = 0  # rotates the start among exactly tied workers, as KVCompass does
 
     def _route(self, request: RouteRequest, prompt: int, count: int, explain: bool) -> Route:
         lengths, tiers = self.match(request)
@@ -73,5 +74,7 @@ class CentralDirectory(IndexedBaseline):
         score = self.score
         lam = score.price(queues)
         scores = score.scores(prompt, lengths, tiers, self._belief, queues, lam)
-        order = score.rank(scores, queues, count)
+        order = score.rank(scores, queues, count, self._turn)
+        if not explain:
+            self._turn += 1
         return Route(order, "directory", lengths, tiers, self.rtt_ms, queues)
