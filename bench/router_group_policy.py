@@ -46,10 +46,13 @@ class SplitPolicy:
         self._rng = random.Random(seed)
         self._last = 0
         self._sent: dict[tuple[int, int], deque[int]] = defaultdict(deque)
+        self.migrations = 0
 
     def decide(self, request: RouteRequest, explain: bool = False) -> Decision:
         self._last = self._rng.randrange(len(self._instances))
-        return self._instances[self._last].decide(request, explain)
+        decision = self._instances[self._last].decide(request, explain)
+        self.migrations += decision.migration is not None
+        return decision
 
     def on_forward(self, decision: Decision, expected_service_ms: float) -> None:
         self._sent[(decision.worker, decision.claimed_tokens)].append(self._last)
@@ -72,6 +75,7 @@ def run(options: RunOptions, processes: int) -> dict[str, float]:
     config = options.sim_config(topology)
     sim = Simulation(config)
     plan = plan_levels(topology)
+    split: list[SplitPolicy] = []
     for i, region in enumerate(sim.policies):
         instances: list[RoutingPolicy] = [
             make_policy(
@@ -87,7 +91,8 @@ def run(options: RunOptions, processes: int) -> dict[str, float]:
             )
             for p in range(processes)
         ]
-        sim.policies[region] = SplitPolicy(instances, config.seed + i)
+        split.append(SplitPolicy(instances, config.seed + i))
+        sim.policies[region] = split[-1]
     started = time.perf_counter()
     records = sim.run(options.requests_of(topology)).records
     ttft = np.array([r.ttft_ms for r in records])
@@ -106,6 +111,7 @@ def run(options: RunOptions, processes: int) -> dict[str, float]:
         "cross_region_share": round(
             sum(r.origin != r.worker_region for r in records) / len(records), 4
         ),
+        "migrations": sum(p.migrations for p in split),
         "wall_s": round(time.perf_counter() - started, 1),
     }
 

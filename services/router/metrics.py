@@ -124,14 +124,23 @@ class RouterMetrics:
         )
         self._claimed = 0
         self._false = 0
+        self._per_worker: dict[str, tuple[Gauge, Gauge]] = {}
 
     def decided(self, decision: Decision, seconds: float, index: str) -> None:
         self.decision_seconds.observe(seconds)
         self.index_decisions.labels(index).inc()
         self.decisions.labels(decision.region, decision.reason).inc()
         for c in decision.candidates:
-            self.belief.labels(c.worker_id).set(c.belief)
-            self.queue_ms.labels(c.worker_id).set(c.queue_ms)
+            belief, queue_ms = self._per_worker.get(c.worker_id) or self._worker(c.worker_id)
+            belief.set(c.belief)
+            queue_ms.set(c.queue_ms)
+
+    def _worker(self, worker_id: str) -> tuple[Gauge, Gauge]:
+        """A worker's two gauges, looked up once: ``labels()`` on every candidate of
+        every decision cost more than the sets."""
+        pair = self.belief.labels(worker_id), self.queue_ms.labels(worker_id)
+        self._per_worker[worker_id] = pair
+        return pair
 
     def queue_ages(self, queue_ages_s: Mapping[str, float]) -> None:
         for region, age_s in queue_ages_s.items():
