@@ -70,10 +70,6 @@ class RouterGroup:
     def remove(self) -> None:
         shutil.rmtree(self.metrics_dir, ignore_errors=True)
 
-    @property
-    def pids(self) -> list[int]:
-        return [child.pid for child in self._children]
-
     def _spawn(self) -> subprocess.Popen[bytes]:
         env = {
             **os.environ,
