@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -72,10 +73,14 @@ class RouterApp:
         registry: CollectorRegistry,
         index: IndexStatus,
         max_body_bytes: int,
+        metrics_registry: CollectorRegistry | None = None,
         discovery_wait: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        """``discovery_wait(seconds)`` pays a decision's ``lookup_ms`` before forwarding
-        (a baseline's DHT hops or directory round trip: the simulator charges it too)."""
+        """``registry`` is what ``/metrics`` serves; the metrics go to
+        ``metrics_registry`` when given (a process group: each writes its own, the scrape
+        merges the group's). ``discovery_wait(seconds)`` pays a decision's ``lookup_ms``
+        before forwarding (a baseline's DHT hops or directory round trip: the simulator
+        charges it too)."""
         self.topology = topology
         self.region = region
         self.policy = policy
@@ -84,14 +89,14 @@ class RouterApp:
         self.tokenizer = tokenizer
         self.health = health
         self.registry = registry
-        self.metrics = RouterMetrics(registry)
-        self.metrics.index_age.set_function(index.age_s)
+        self.metrics = RouterMetrics(metrics_registry or registry)
         self.index = index
         self._max_body = max_body_bytes
         self._discovery_wait = discovery_wait
         self._ids = {w.index: w.id for w in topology.workers}
         self._index = {w.id: w.index for w in topology.workers}
         self._log = structlog.get_logger("kvcompass.router")
+        self._pid = str(os.getpid())  # which process of a group served: for operators
         self._tasks: set[asyncio.Task[None]] = set()
         self.app = Starlette(
             routes=[
@@ -295,6 +300,7 @@ class RouterApp:
             "x-kvc-reason": target.reason,
             "x-kvc-claimed-tokens": str(target.claimed_tokens),
             "x-request-id": request_id,
+            "x-kvc-router-pid": self._pid,
         }
 
     async def _whole(
@@ -417,6 +423,7 @@ class RouterApp:
             self.health.advise("views")
         self.health.set("views", live, detail)
         self.metrics.index_live.set(int(live))
+        self.metrics.index_age.set(self.index.age_s())
 
     async def readyz(self, request: Request) -> Response:
         self.check_index()

@@ -1,6 +1,16 @@
-"""The router's Prometheus metrics (one registry per process)."""
+"""The router's Prometheus metrics.
+
+One process: its registry. A group of processes (``KVC_ROUTER_PROCESSES`` > 1): every
+process writes them to the group's files and any scrape merges them
+(:mod:`~kvcompass.services.router.group_metrics`): counters and histograms are summed,
+each gauge states its ``multiprocess_mode`` (``live*``: a dead process's value leaves
+the aggregate). Gauges that change with time alone (ages) are set by the views watcher
+every 0.25 s, since a scrape of the group's files cannot call a process's function.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -58,24 +68,32 @@ class RouterMetrics:
             "kvc_router_false_claim_rate",
             "Unreused / claimed tokens since start.",
             registry=registry,
+            # group: recomputed at scrape from the summed token counters
+            multiprocess_mode="livemax",
         )
         self.belief = Gauge(
             "kvc_router_belief",
-            "Cache belief b_r per worker, as of this process's latest decision.",
+            "Cache belief b_r per worker, as of the latest decision.",
             ["worker"],
             registry=registry,
+            # group: the latest decision's, whichever process made it
+            multiprocess_mode="livemostrecent",
         )
         self.queue_ms = Gauge(
             "kvc_router_queue_estimate_ms",
-            "Queue estimate per worker, as of this process's latest decision.",
+            "Queue estimate per worker, as of the latest decision.",
             ["worker"],
             registry=registry,
+            # group: the latest decision's, whichever process made it
+            multiprocess_mode="livemostrecent",
         )
         self.queue_age = Gauge(
             "kvc_router_queue_vector_age_seconds",
             "Age (by its sent_at_ns) of the latest queue vector applied, per source region.",
             ["region"],
             registry=registry,
+            # group: the process furthest behind the topic
+            multiprocess_mode="livemax",
         )
         self.queue_vectors = Counter(
             "kvc_router_queue_vectors",
@@ -87,11 +105,15 @@ class RouterMetrics:
             "kvc_router_index_live",
             "1 while the edge's views are loaded and caught up, else 0.",
             registry=registry,
+            # group: 0 while any live process lacks the views
+            multiprocess_mode="livemin",
         )
         self.index_age = Gauge(
             "kvc_router_index_age_seconds",
             "Seconds since the edge's views were last live (0 while they are).",
             registry=registry,
+            # group: the oldest view any live process routes from
+            multiprocess_mode="livemax",
         )
         self.index_decisions = Counter(
             "kvc_router_index_decisions",
@@ -102,14 +124,27 @@ class RouterMetrics:
         )
         self._claimed = 0
         self._false = 0
+        self._per_worker: dict[str, tuple[Gauge, Gauge]] = {}
 
     def decided(self, decision: Decision, seconds: float, index: str) -> None:
         self.decision_seconds.observe(seconds)
         self.index_decisions.labels(index).inc()
         self.decisions.labels(decision.region, decision.reason).inc()
         for c in decision.candidates:
-            self.belief.labels(c.worker_id).set(c.belief)
-            self.queue_ms.labels(c.worker_id).set(c.queue_ms)
+            belief, queue_ms = self._per_worker.get(c.worker_id) or self._worker(c.worker_id)
+            belief.set(c.belief)
+            queue_ms.set(c.queue_ms)
+
+    def _worker(self, worker_id: str) -> tuple[Gauge, Gauge]:
+        """A worker's two gauges, looked up once: ``labels()`` on every candidate of
+        every decision cost more than the sets."""
+        pair = self.belief.labels(worker_id), self.queue_ms.labels(worker_id)
+        self._per_worker[worker_id] = pair
+        return pair
+
+    def queue_ages(self, queue_ages_s: Mapping[str, float]) -> None:
+        for region, age_s in queue_ages_s.items():
+            self.queue_age.labels(region).set(age_s)
 
     def claims(self, claimed: int, reused: int) -> None:
         if claimed <= 0:

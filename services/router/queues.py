@@ -14,7 +14,6 @@ handed to the event loop, the only place that touches the policy.
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable
 
@@ -148,12 +147,10 @@ class QueueConsumer:
             self._metrics.queue_vectors.labels("stale").inc()
             return
         self._metrics.queue_vectors.labels("applied").inc()
-        if vector.region not in self._last_sent_ns:  # the gauge reads the age when scraped
-            self._metrics.queue_age.labels(vector.region).set_function(
-                functools.partial(self._age_s, vector.region)
-            )
         self._last_sent_ns[vector.region] = vector.sent_at_ns
         self._apply(region_queues(vector))
 
-    def _age_s(self, region: str) -> float:
-        return max(0, self._clock.wall_ns() - self._last_sent_ns[region]) / 1e9
+    def ages_s(self) -> dict[str, float]:
+        """Age of the latest applied vector per source region (any thread)."""
+        now = self._clock.wall_ns()
+        return {r: max(0, now - ns) / 1e9 for r, ns in list(self._last_sent_ns.items())}

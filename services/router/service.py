@@ -2,16 +2,15 @@
 settings, serves until the process shell's ``stop``, then drains.
 
 ``KVC_ROUTER_PROCESSES=N`` starts N-1 more router processes (``kvcompass router`` with
-the same settings, one process each) on the same port with SO_REUSEPORT. Each has its
-own policy state and metrics; they share the edge's shared-memory views.
+the same settings, one process each; :class:`~kvcompass.services.router.group.RouterGroup`)
+on the same port with SO_REUSEPORT. Each has its own policy state; they share the edge's
+shared-memory views and one set of metrics (any process's ``/metrics`` shows the group's).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from types import TracebackType
@@ -28,6 +27,8 @@ from kvcompass.services.health import Health
 from kvcompass.services.router import tokenizer
 from kvcompass.services.router.app import RouterApp
 from kvcompass.services.router.endpoints import worker_urls
+from kvcompass.services.router.group import RouterGroup
+from kvcompass.services.router.group_metrics import MULTIPROC_ENV, GroupCollector, write_to
 from kvcompass.services.router.policy import RoutingPolicy
 from kvcompass.services.router.queues import QueueConsumer
 from kvcompass.services.router.server import reuse_port_socket, serve
@@ -84,37 +85,6 @@ class RouterService:
         # estimates): reported on /readyz, but the router still serves.
         health.advise("broker")
         policy = policy_factory(settings, topology, self.views, clock)
-        self.router = RouterApp(
-            topology=topology,
-            region=settings.region,
-            policy=policy,
-            upstream=Upstream(
-                urls,
-                {w.index: w.id for w in topology.workers},
-                connect_timeout_s=settings.connect_timeout_s,
-                request_timeout_s=settings.request_timeout_s,
-                stream_idle_timeout_s=settings.stream_idle_timeout_s,
-            ),
-            tenancy=Tenancy(settings.api_keys),
-            tokenizer=tokenizer.load(settings.tokenizer),
-            health=health,
-            registry=registry,
-            index=self.views,
-            max_body_bytes=settings.max_body_bytes,
-        )
-        self._consumer = QueueConsumer(
-            bootstrap=kafka_bootstrap,
-            topic=settings.topic_queues,
-            region=settings.region,
-            fetch_wait_ms=settings.fetch_wait_ms,
-            max_age_s=settings.queue_max_age_s,
-            apply=self._on_queues,
-            clock=clock,
-            health=health,
-            metrics=self.router.metrics,
-        )
-        self._loop_call: Callable[..., object] | None = None
-        self._watcher: asyncio.Task[None]
         try:
             self._socket = reuse_port_socket(settings.router_host, settings.router_port)
         except OSError as exc:
@@ -122,7 +92,61 @@ class RouterService:
                 f"{settings.env_name('router_port')}={settings.router_port}: cannot listen on "
                 f"{settings.router_host}:{settings.router_port} ({exc.strerror})"
             ) from None
-        self._children: list[subprocess.Popen[bytes]] = []
+        upstream = Upstream(
+            urls,
+            {w.index: w.id for w in topology.workers},
+            connect_timeout_s=settings.connect_timeout_s,
+            request_timeout_s=settings.request_timeout_s,
+            stream_idle_timeout_s=settings.stream_idle_timeout_s,
+        )
+        text_tokenizer = tokenizer.load(settings.tokenizer)
+        extras = settings.router_processes - 1
+        self._group = RouterGroup(extras) if extras else None
+        try:
+            self.router = RouterApp(
+                topology=topology,
+                region=settings.region,
+                policy=policy,
+                upstream=upstream,
+                tenancy=Tenancy(settings.api_keys),
+                tokenizer=text_tokenizer,
+                health=health,
+                registry=registry,
+                index=self.views,
+                max_body_bytes=settings.max_body_bytes,
+                metrics_registry=self._group_metrics(registry),
+            )
+            self._consumer = QueueConsumer(
+                bootstrap=kafka_bootstrap,
+                topic=settings.topic_queues,
+                region=settings.region,
+                fetch_wait_ms=settings.fetch_wait_ms,
+                max_age_s=settings.queue_max_age_s,
+                apply=self._on_queues,
+                clock=clock,
+                health=health,
+                metrics=self.router.metrics,
+            )
+        except BaseException:
+            if self._group is not None:
+                self._group.remove()
+            raise
+        self._loop_call: Callable[..., object] | None = None
+        self._watcher: asyncio.Task[None]
+
+    def _group_metrics(self, registry: CollectorRegistry) -> CollectorRegistry | None:
+        """In a group (the primary, or an extra that inherited the directory): the
+        registry the metrics go to (through the group's files); ``registry``, which
+        ``/metrics`` serves, gets the merge of every member's files instead."""
+        if self._group is not None:
+            directory = self._group.metrics_dir
+            write_to(directory)
+        else:
+            directory = os.environ.get(MULTIPROC_ENV, "")
+            if not directory:
+                return None
+        registry.register(GroupCollector(directory))
+        return CollectorRegistry()
 
     def _on_queues(self, queues: object) -> None:
         """From the consumer thread: over to the loop (dropped before it runs)."""
@@ -131,11 +155,8 @@ class RouterService:
 
     def __enter__(self) -> RouterService:
         self._consumer.start()
-        env = {**os.environ, "KVC_ROUTER_PROCESSES": "1", "KVC_METRICS_PORT": "0"}
-        for _ in range(self._settings.router_processes - 1):
-            self._children.append(
-                subprocess.Popen([sys.executable, "-m", "kvcompass.services.router"], env=env)
-            )
+        if self._group is not None:
+            self._group.__enter__()
         return self
 
     def __exit__(
@@ -144,11 +165,8 @@ class RouterService:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        for child in self._children:
-            if child.poll() is None:
-                child.terminate()
-        for child in self._children:
-            child.wait()
+        if self._group is not None:
+            self._group.__exit__(exc_type, exc, tb)
         self._consumer.close()
         self.views.close()
         self._socket.close()
@@ -158,6 +176,7 @@ class RouterService:
             # /readyz on either port reads Health: keep the views' condition current.
             while True:
                 self.router.check_index()
+                self.router.metrics.queue_ages(self._consumer.ages_s())
                 await asyncio.sleep(_VIEWS_CHECK_S)
 
         async def started() -> None:
@@ -176,4 +195,6 @@ class RouterService:
             self._loop_call = None
             self._watcher.cancel()
 
+        if self._group is not None:
+            self._group.supervise(stop)
         serve(self.router.app, self._socket, stop, started=started, stopping=stopping)

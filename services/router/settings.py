@@ -19,8 +19,8 @@ class RouterSettings(PipelineSettings):
     router_port: int = setting(8000, "Port of the API (also /metrics, /healthz, /readyz).")
     router_processes: int = setting(
         1,
-        "Router processes sharing the port (SO_REUSEPORT) and the edge's shared-memory "
-        "views; each keeps its own policy state.",
+        "Router processes sharing the port (SO_REUSEPORT), the edge's shared-memory "
+        "views and one /metrics; each keeps its own policy state.",
     )
     policy: str = setting(
         "kvcompass",

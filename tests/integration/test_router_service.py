@@ -5,15 +5,18 @@ apart, and stops cleanly on SIGTERM."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
+import signal
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvcompass.loadgen.testing import LocalCluster, poll_until
 from kvcompass.services.infra import RunningInfra
@@ -187,3 +190,80 @@ def _sockets(pid: int) -> set[str]:
             if target.startswith("socket:["):
                 out.add(target[8:-1])
     return out
+
+
+def test_a_router_group_counts_every_process_on_the_primarys_metrics(
+    cluster: LocalCluster,
+) -> None:
+    """KVC_ROUTER_PROCESSES=2: the primary's /metrics counts the requests both processes
+    served; an extra SIGKILLed is restarted and what it served is counted once."""
+    with contextlib.ExitStack() as stack:
+        stub = StubWorker("us-0", "us")
+        stub_url = stack.enter_context(serve_in_thread(stub.app()))
+        endpoints = ",".join(f"{w.id}={stub_url}" for w in TOPOLOGY.workers)
+        port = free_port()
+        router = cluster.start(
+            "router", "router", KVC_REGION="us", KVC_ROUTER_PORT=str(port),
+            KVC_WORKER_ENDPOINTS=endpoints, KVC_ROUTER_PROCESSES="2",
+        )  # fmt: skip
+        served: collections.Counter[int] = collections.Counter()  # responses per router pid
+        body = {"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 1}
+
+        def serve_until(pid_served: Callable[[], bool], what: str) -> None:
+            def batch() -> bool:
+                for _ in range(10):
+                    with httpx.Client() as client:  # a new connection: the kernel picks
+                        reply = client.post(
+                            f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=10
+                        )
+                    assert reply.status_code == 200, reply.text
+                    served[int(reply.headers["x-kvc-router-pid"])] += 1
+                return pid_served()
+
+            poll_until(batch, 60, what)
+
+        def counted(metrics_port: int) -> float:
+            return _requests_total(f"http://127.0.0.1:{metrics_port}/metrics")
+
+        serve_until(lambda: len(served) == 2, "both processes serving")
+        assert router.pid in served
+        assert counted(cluster.status_ports["router"]) == served.total()
+        assert counted(port) == served.total()  # whichever process answers the API port
+
+        extra = next(pid for pid in served if pid != router.pid)
+        os.kill(extra, signal.SIGKILL)
+        restarted = poll_until(
+            lambda: [p for p in _children(router.pid) if p != extra], 30, "the extra restarted"
+        )
+        serve_until(lambda: restarted[0] in served, "the restarted extra serving")
+        assert served[extra] > 0
+        assert counted(cluster.status_ports["router"]) == served.total()
+        environ = Path(f"/proc/{restarted[0]}/environ").read_bytes().split(b"\0")
+        directory = Path(
+            next(v for v in environ if v.startswith(b"PROMETHEUS_MULTIPROC_DIR="))
+            .split(b"=", 1)[1]
+            .decode()
+        )
+        assert directory.is_dir()
+        assert cluster.stop(router) == 0
+        assert not directory.exists()  # the next run of the group starts from no counts
+
+
+def _children(pid: int) -> list[int]:
+    """Child pids of every thread of ``pid`` (a restart comes from a thread's fork)."""
+    pids = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that just ended
+            pids += [int(child) for child in (task / "children").read_text().split()]
+    return pids
+
+
+def _requests_total(url: str) -> float:
+    families = text_string_to_metric_families(httpx.get(url, timeout=10).text)
+    return sum(
+        s.value
+        for f in families
+        if f.name == "kvc_router_requests"
+        for s in f.samples
+        if s.name == "kvc_router_requests_total"
+    )
