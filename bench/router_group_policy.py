@@ -25,7 +25,7 @@ from collections import defaultdict, deque
 import numpy as np
 
 from kvcompass.levels import plan_levels
-from kvcompass.loadgen.sim.run import RunOptions, topology_of
+from kvcompass.loadgen.sim.cell import Cell, topology_of
 from kvcompass.loadgen.sim.simulator import Simulation
 from kvcompass.routing import (
     Decision,
@@ -70,7 +70,7 @@ class SplitPolicy:
         self._instances[self._last].on_failure(worker)
 
 
-def run(options: RunOptions, processes: int) -> dict[str, float]:
+def run(options: Cell, processes: int) -> dict[str, float]:
     topology = topology_of(options.topology)
     config = options.sim_config(topology)
     sim = Simulation(config)
@@ -125,7 +125,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    options = RunOptions(
+    options = Cell(
         topology=args.topology,
         workload=args.workload,
         rate=args.rate,
