@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,6 +20,14 @@ class _PressesCtrlCWhenCollected:
     def __del__(self) -> None:
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.01)  # the handler runs here, inside the finalizer
+
+
+@pytest.fixture(autouse=True)
+def _default_sigint() -> Iterator[None]:
+    """Python's own handler, whatever the runner left (a background job ignores SIGINT)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 def _collect_one_finalizer(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
