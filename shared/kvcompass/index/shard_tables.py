@@ -18,7 +18,7 @@ from kvcompass.index.errors import SnapshotError
 from kvcompass.index.layout import IndexLayout, Tier
 from kvcompass.index.ludo import LudoTable
 from kvcompass.index.patches import TablePatch
-from kvcompass.keys import shard_of_array
+from kvcompass.keys import first_foreign_key
 from kvcompass.snapshot import ShardSnapshot
 
 __all__ = ["ShardTables"]
@@ -127,14 +127,10 @@ class ShardTables:
         bits = np.ascontiguousarray(bits, dtype=np.uint64)
         if int(bits.max()) > table.geometry.value_mask:
             raise BadInput(f"a value does not fit {table.geometry.value_bits} bits")
-        if not shard_checked:
-            owners = shard_of_array(keys, self.n_shards)
-            foreign = np.flatnonzero(owners != self.shard)
-            if len(foreign):
-                j = int(foreign[0])
-                raise BadInput(
-                    f"key {int(keys[j])} belongs to shard {int(owners[j])}, not {self.shard}"
-                )
+        foreign = None if shard_checked else first_foreign_key(keys, self.n_shards, self.shard)
+        if foreign is not None:
+            j, owner = foreign
+            raise BadInput(f"key {int(keys[j])} belongs to shard {owner}, not {self.shard}")
         table.write_bits_many(keys, np.ascontiguousarray(clear, dtype=np.uint64), bits)
 
     # -- output ------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from kvcompass.errors import BadInput, ConfigError, InvariantBroken
 from kvcompass.index.errors import SnapshotError
 from kvcompass.index.layout import IndexLayout
 from kvcompass.index.shard_tables import ShardTables
-from kvcompass.keys import shard_of_array
+from kvcompass.keys import first_foreign_key
 from kvcompass.pipeline.clock import Clock
 from kvcompass.pipeline.sequences import Admission, WorkerSequences
 from kvcompass.snapshot import ShardSnapshot, SnapshotMeta
@@ -309,15 +309,13 @@ class ShardWriter:
             raise BadEvent(f"worker {batch.worker_id!r} is in {region!r}, not {batch.region!r}")
         # A batch's tiers already match its kinds (KVEventBatch refuses anything else).
         keys = batch.key_array
-        if len(keys):
-            owners = shard_of_array(keys, self.n_shards)
-            foreign = np.flatnonzero(owners != self.shard)
-            if len(foreign):
-                j = int(foreign[0])
-                raise BadEvent(
-                    f"events[{batch.event_of_key(j)}]: key {int(keys[j])} "
-                    f"(length {int(batch.length_array[j])}) belongs to shard {int(owners[j])}"
-                )
+        foreign = first_foreign_key(keys, self.n_shards, self.shard) if len(keys) else None
+        if foreign is not None:
+            j, owner = foreign
+            raise BadEvent(
+                f"events[{batch.event_of_key(j)}]: key {int(keys[j])} "
+                f"(length {int(batch.length_array[j])}) belongs to shard {owner}"
+            )
         return self.layout.slots[index]
 
     def _check_usable(self) -> None:
