@@ -17,8 +17,13 @@ def paper_cell(policy: str, rate: float, seed: int = 0, **knobs: Any) -> Cell:
     than a time limit (``requests``, 2000 unless given), and the paper's edges, which
     apply whatever patches reach them (no resync; Table 4 turns it on for its own rows).
     """
-    paper: dict[str, Any] = {"workload": "mixed", "duration": None, "requests": 2000}
-    return Cell(policy, rate, seed, **(paper | {"resync": False} | knobs))
+    paper: dict[str, Any] = {
+        "workload": "mixed",
+        "duration": None,
+        "requests": 2000,
+        "resync": False,
+    }
+    return Cell(policy, rate, seed, **(paper | knobs))
 
 
 @functools.cache
