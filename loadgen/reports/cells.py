@@ -9,7 +9,10 @@ from typing import Any
 
 from kvcompass.loadgen.sim.cell import Cell
 
-__all__ = ["no_reuse_capacity", "paper_cell", "rates_of"]
+__all__ = ["WORKLOADS", "no_reuse_capacity", "paper_cell", "rates_of"]
+
+#: The paper's Fig. 12 / Fig. 16 workloads (§5.1), one row of panels each.
+WORKLOADS = ("mixed", "wildchat", "lmsys")
 
 
 def paper_cell(policy: str, rate: float, seed: int = 0, **knobs: Any) -> Cell:

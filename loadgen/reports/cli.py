@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from kvcompass.loadgen.reports.cells import WORKLOADS
 from kvcompass.loadgen.reports.common import Artefact, repo_root
 
 __all__ = ["ALL_ORDER", "ARTEFACTS", "Maker", "main"]
@@ -62,7 +63,7 @@ def _fig9(a: argparse.Namespace) -> Artefact:
 def _fig12(a: argparse.Namespace) -> Artefact:
     from kvcompass.loadgen.reports.fig12 import run_fig12
 
-    return run_fig12(a.out, quick=a.quick, jobs=a.jobs)
+    return run_fig12(a.out, quick=a.quick, jobs=a.jobs, workloads=a.workloads)
 
 
 def _fig13(a: argparse.Namespace) -> Artefact:
@@ -86,7 +87,7 @@ def _fig15(a: argparse.Namespace) -> Artefact:
 def _fig16(a: argparse.Namespace) -> Artefact:
     from kvcompass.loadgen.reports.fig12 import run_fig12
 
-    return run_fig12(a.out, quick=a.quick, jobs=a.jobs, scale="fig16")
+    return run_fig12(a.out, quick=a.quick, jobs=a.jobs, scale="fig16", workloads=a.workloads)
 
 
 def _table4(a: argparse.Namespace) -> Artefact:
@@ -126,6 +127,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", type=Path, default=Path("results/reports"), help="output folder")
     p.add_argument("--jobs", type=int, default=1, help="parallel simulation processes")
+    p.add_argument(
+        "--workloads",
+        nargs="+",
+        choices=WORKLOADS,
+        default=list(WORKLOADS),
+        help="fig12/fig16: the workloads, one row of panels each (default: all three)",
+    )
     p.add_argument("--traces", default=None, help="folder of the Mooncake traces (fig2, fig5b)")
     p.add_argument(
         "--figures", type=Path, default=None, help="also copy each PNG here (e.g. docs/figures)"

@@ -18,16 +18,25 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from kvcompass.loadgen.reports.cells import paper_cell, rates_of
+from kvcompass.loadgen.reports.cells import WORKLOADS, paper_cell, rates_of
 from kvcompass.loadgen.reports.common import Artefact
 from kvcompass.loadgen.reports.runs import Run
 from kvcompass.loadgen.reports.sweep import collect, color_of, plot_cdf, policies, rate_rows
 from kvcompass.loadgen.sim.cell import Cell, write_cell
 from kvcompass.loadgen.sim.grid import CellRunner
 
-__all__ = ["SCALES", "Scale", "cells", "figure", "focus_rate", "p99_ratios", "run_fig12"]
+__all__ = [
+    "SCALES",
+    "Scale",
+    "cells",
+    "figure",
+    "focus_rate",
+    "p99_ratios",
+    "run_fig12",
+]
 
 METRICS = (
     "ttft_p50_ms",
@@ -38,7 +47,7 @@ METRICS = (
     "reuse_share",
     "cross_region_share",
 )
-COLUMNS = ("policy", "rate", "seeds", *METRICS)
+COLUMNS = ("workload", "policy", "rate", "seeds", *METRICS)
 #: Paper §5.3: baseline P99 TTFT over KVCompass's, Mixed, 3000 req/s.
 PAPER_RATIOS = {
     "central-directory": 1.6,
@@ -80,16 +89,20 @@ SCALES = {
 }
 
 
-def cells(scale: Scale, quick: bool) -> list[Cell]:
-    rates = rates_of(scale.topology, scale.quick_loads if quick else scale.loads)
+def cells(scale: Scale, quick: bool, workloads: Sequence[str] = ("mixed",)) -> list[Cell]:
+    """Every scheme at every rate, per workload (Mixed alone unless asked: Fig. 13, 14 and
+    Table 5 read Mixed cells only)."""
     n = scale.quick_requests if quick else scale.requests
     return [
-        paper_cell(p, r, 0, topology=scale.topology, requests=n) for p in policies() for r in rates
+        paper_cell(p, r, 0, topology=scale.topology, requests=n, workload=w)
+        for w in workloads
+        for p in policies()
+        for r in rates_of(scale.topology, scale.quick_loads if quick else scale.loads, w)
     ]
 
 
-def focus_rate(scale: Scale) -> float:
-    return rates_of(scale.topology, [scale.focus])[0]
+def focus_rate(scale: Scale, workload: str = "mixed") -> float:
+    return rates_of(scale.topology, [scale.focus], workload)[0]
 
 
 def p99_ratios(rows: Sequence[Mapping[str, Any]], rate: float) -> dict[str, float]:
@@ -101,8 +114,24 @@ def p99_ratios(rows: Sequence[Mapping[str, Any]], rate: float) -> dict[str, floa
     return {p: v / base for p, v in at.items() if p != "kvcompass"}
 
 
-def figure(rows: Sequence[Mapping[str, Any]], focus_runs: Mapping[str, Run], title: str) -> Figure:
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
+def figure(
+    rows: Sequence[Mapping[str, Any]], focus_runs: Mapping[str, Mapping[str, Run]], topology: str
+) -> Figure:
+    """One row of four panels per workload in ``focus_runs`` (workload → scheme → run)."""
+    fig, grid = plt.subplots(len(focus_runs), 4, figsize=(18, 4 * len(focus_runs)), squeeze=False)
+    for axes, (workload, runs) in zip(grid, focus_runs.items(), strict=True):
+        mine = [r for r in rows if r["workload"] == workload]
+        _panels(axes, mine, runs, f"{topology}, {workload}")
+    fig.tight_layout()
+    return fig
+
+
+def _panels(
+    axes: Sequence[Axes],
+    rows: Sequence[Mapping[str, Any]],
+    focus_runs: Mapping[str, Run],
+    title: str,
+) -> None:
     p99, ttft, e2e, thr = axes
     for p in dict.fromkeys(str(r["policy"]) for r in rows):
         pts = [(float(r["rate"]), float(r["ttft_p99_ms"])) for r in rows if r["policy"] == p]
@@ -129,7 +158,6 @@ def figure(rows: Sequence[Mapping[str, Any]], focus_runs: Mapping[str, Run], tit
     for ax in axes:
         ax.grid(True, which="both", alpha=0.3)
     p99.legend(fontsize=8)
-    return fig
 
 
 def run_fig12(
@@ -139,21 +167,29 @@ def run_fig12(
     jobs: int = 1,
     scale: str = "fig12",
     runner: CellRunner = write_cell,
+    workloads: Sequence[str] = WORKLOADS,
 ) -> Artefact:
     s = SCALES[scale]
-    runs = collect(cells(s, quick), out, jobs, runner)
-    focus = focus_rate(s)
-    rows = rate_rows(runs, METRICS)
-    focus_runs = {c.policy: r for c, r in runs.items() if c.rate == focus}
+    runs = collect(cells(s, quick, workloads), out, jobs, runner)
+    rows: list[dict[str, Any]] = []
+    focus = {w: focus_rate(s, w) for w in workloads}
+    focus_runs: dict[str, dict[str, Run]] = {}
+    for w in workloads:
+        mine = {c: r for c, r in runs.items() if c.workload == w}
+        rows += [{"workload": w} | row for row in rate_rows(mine, METRICS)]
+        focus_runs[w] = {c.policy: r for c, r in mine.items() if c.rate == focus[w]}
     art = Artefact(s.name, COLUMNS, rows)
     art.meta = {
         "topology": s.topology,
         "quick": quick,
+        "workloads": list(workloads),
         "focus_rate": focus,
-        "lambda0_req_per_s": focus / s.focus,
+        "lambda0_req_per_s": {w: f / s.focus for w, f in focus.items()},
         "rates_as_lambda0_multiples": s.quick_loads if quick else s.loads,
-        "p99_ttft_over_kvcompass": p99_ratios(rows, focus),
+        "p99_ttft_over_kvcompass": {
+            w: p99_ratios([r for r in rows if r["workload"] == w], focus[w]) for w in workloads
+        },
         "paper_p99_ttft_over_kvcompass_3000rps": PAPER_RATIOS,
     }
-    art.write(out, figure(rows, focus_runs, f"{s.topology}"))
+    art.write(out, figure(rows, focus_runs, s.topology))
     return art

@@ -137,3 +137,19 @@ def test_peak_is_the_hottest_workers_compute_over_the_pool_mean(tmp_path: Path) 
     assert hottest == "w3"
     assert peak == pytest.approx(2.5)
     assert run.summary["peak_load_factor"] == pytest.approx(2.5)  # the simulator's own
+
+
+def test_fig12_has_a_row_of_panels_per_workload_at_each_workloads_own_rates(
+    tmp_path: Path,
+) -> None:
+    art = run_fig12(tmp_path, quick=True, runner=fake_run)
+    by_workload: dict[str, set[float]] = {}
+    for row in art.rows:
+        by_workload.setdefault(str(row["workload"]), set()).add(float(row["rate"]))
+    assert set(by_workload) == {"mixed", "wildchat", "lmsys"}
+    # Rates are multiples of each workload's own λ0: chats' shorter prompts run faster.
+    assert min(by_workload["wildchat"]) > min(by_workload["mixed"])
+    assert set(art.meta["p99_ttft_over_kvcompass"]) == {"mixed", "wildchat", "lmsys"}
+    assert all(art.meta["p99_ttft_over_kvcompass"].values())
+    folders = {p.name.split("__")[0] for p in (tmp_path / "grid").iterdir() if p.is_dir()}
+    assert folders == {"mixed", "wildchat", "lmsys"}
