@@ -122,7 +122,9 @@ def figure(
     for axes, (workload, runs) in zip(grid, focus_runs.items(), strict=True):
         mine = [r for r in rows if r["workload"] == workload]
         _panels(axes, mine, runs, f"{topology}, {workload}")
-    fig.tight_layout()
+    # One legend for every row, beside the panels: eleven schemes would cover the curves.
+    fig.legend(*grid[0][0].get_legend_handles_labels(), loc="center right", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 0.9, 1))
     return fig
 
 
@@ -157,7 +159,6 @@ def _panels(
     thr.set_title("throughput at the focus rate")
     for ax in axes:
         ax.grid(True, which="both", alpha=0.3)
-    p99.legend(fontsize=8)
 
 
 def run_fig12(
