@@ -33,6 +33,9 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+from numpy.typing import NDArray
+
 from kvcompass.index.layout import Tier
 from kvcompass.keys import Namespace
 from kvcompass.loadgen.workloads import make_workload
@@ -49,7 +52,7 @@ class Cache(Protocol):
     block_size: int
     capacity: dict[Tier, int]
 
-    def use(self, namespace: Namespace, tokens: list[int]) -> Any: ...
+    def use(self, namespace: Namespace, tokens: NDArray[np.uint32]) -> Any: ...
 
     def blocks(self, tier: Tier) -> int: ...
 
@@ -65,7 +68,8 @@ def revision_cache(rev: str) -> Any:
     with os.fdopen(fd, "wb") as f:
         f.write(source)
     spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up while being made
     spec.loader.exec_module(module)
@@ -73,14 +77,18 @@ def revision_cache(rev: str) -> Any:
     return module.PrefixCache
 
 
-def prompts(count: int, seed: int) -> list[tuple[Namespace, list[int]]]:
+def prompts(count: int, seed: int) -> list[tuple[Namespace, NDArray[np.uint32]]]:
+    """Mixed prompts as the simulator hands them to its workers (uint32 arrays)."""
     model = TOPOLOGY.model.name
     requests = itertools.islice(make_workload("mixed", TOPOLOGY, 237.0, seed), count)
-    return [(Namespace(model, r.tenant), r.tokens) for r in requests]
+    return [(Namespace(model, r.tenant), np.array(r.tokens, dtype=np.uint32)) for r in requests]
 
 
 def run(
-    cache_class: Any, policy: EvictionPolicy, stream: list[tuple[Namespace, list[int]]], calls: int
+    cache_class: Any,
+    policy: EvictionPolicy,
+    stream: list[tuple[Namespace, NDArray[np.uint32]]],
+    calls: int,
 ) -> dict[str, Any]:
     """Fill a worker-sized cache from ``stream``, then time ``calls`` more ``use()``s."""
     changes: list[PrefixChange] = []
