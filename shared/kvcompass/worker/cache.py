@@ -168,6 +168,7 @@ class PrefixCache:
         self._on_change = on_change
         self._roots: dict[Namespace, _Block] = {}
         self._heaps: dict[Tier, list[tuple[Any, int, _Block]]] = {_VRAM: [], _DRAM: []}
+        self._next: dict[Tier, tuple[Any, int, _Block] | None] = {_VRAM: None, _DRAM: None}
         # A heap is rebuilt from the tree when stale entries make it this long.
         self._heap_limit = {tier: 4 * n + 64 for tier, n in self.capacity.items()}
         self._depth_scale = 1 << (vram_blocks + dram_blocks).bit_length()
@@ -226,6 +227,7 @@ class PrefixCache:
         self._roots.clear()
         for heap in self._heaps.values():
             heap.clear()
+        self._next = dict.fromkeys(self._next)
 
     # -- internals -------------------------------------------------------------------
 
@@ -342,13 +344,44 @@ class PrefixCache:
 
     def _make_room(self, tier: Tier) -> bool:
         """Free one block of ``tier`` if it is full; False when nothing may leave."""
-        if tier is _DRAM or not self.capacity[_DRAM]:
+        capacity = self.capacity
+        if tier is _DRAM or not capacity[_DRAM]:
             return self._evict(tier)
-        used, full = self.used, self.capacity[_VRAM]
-        while used[_VRAM] >= full:
-            victim = self._victim(_VRAM)
-            if victim is None or not self._demote(victim):
+        # Demote VRAM's victim to DRAM, evicting DRAM's for it: in the steady state once
+        # per admitted block, so it is written out here rather than as calls.
+        used = self.used
+        while used[_VRAM] >= capacity[_VRAM]:
+            node = self._victim(_VRAM)
+            if node is None:
                 return False
+            parent = node.parent
+            assert parent is not None, "a victim is held"
+            node.tier = _DRAM  # its VRAM slot is free while DRAM makes room
+            parent.vram_children -= 1
+            used[_VRAM] -= 1
+            while used[_DRAM] >= capacity[_DRAM]:
+                leaf = self._victim(_DRAM)
+                if leaf is None:
+                    node.tier = _VRAM
+                    parent.vram_children += 1
+                    used[_VRAM] += 1
+                    self._queue(node)  # still a frontier block: it was a victim
+                    return False
+                self._remove(leaf)
+            used[_DRAM] += 1
+            node.version += 1
+            if not node.children:  # a DRAM frontier block
+                heap = self._heaps[_DRAM]
+                heapq.heappush(heap, (node.key, node.version, node))
+                if len(heap) > self._heap_limit[_DRAM]:
+                    self._rebuild(_DRAM)
+            if parent.parent is not None and not parent.vram_children:
+                # It lost its last VRAM child (a VRAM block's parent is a VRAM block).
+                self._queue_next(parent)
+            if node.depth in self._registered_depths:
+                tokens = np.frombuffer(node.path_data(), dtype=_TOKEN)
+                length = node.depth * self.block_size
+                self._emit(node.namespace, EventKind.TIER, _DRAM, tokens, (length,))
         return True
 
     def _evict(self, tier: Tier) -> bool:
@@ -359,40 +392,6 @@ class PrefixCache:
             if victim is None:
                 return False
             self._remove(victim)
-        return True
-
-    def _demote(self, node: _Block) -> bool:
-        """Move the VRAM frontier block ``node`` to DRAM (the steady state's path: once
-        per admitted block, so the offers are inlined)."""
-        parent = node.parent
-        assert parent is not None, "a victim is held"
-        node.tier = _DRAM  # its VRAM slot is free while DRAM makes room
-        parent.vram_children -= 1
-        used = self.used
-        used[_VRAM] -= 1
-        if used[_DRAM] >= self.capacity[_DRAM] and not self._evict(_DRAM):
-            node.tier = _VRAM
-            parent.vram_children += 1
-            used[_VRAM] += 1
-            self._queue(node)  # still a frontier block: it was a victim
-            return False
-        used[_DRAM] += 1
-        node.version += 1
-        if not node.children:  # a DRAM frontier block
-            heap = self._heaps[_DRAM]
-            heapq.heappush(heap, (node.key, node.version, node))
-            if len(heap) > self._heap_limit[_DRAM]:
-                self._rebuild(_DRAM)
-        if parent.parent is not None and not parent.vram_children:
-            # It lost its last VRAM child (a VRAM block's parent is a VRAM block).
-            heap = self._heaps[_VRAM]
-            heapq.heappush(heap, (parent.key, parent.version, parent))
-            if len(heap) > self._heap_limit[_VRAM]:
-                self._rebuild(_VRAM)
-        if node.depth in self._registered_depths:
-            tokens = np.frombuffer(node.path_data(), dtype=_TOKEN)
-            length = node.depth * self.block_size
-            self._emit(node.namespace, EventKind.TIER, _DRAM, tokens, (length,))
         return True
 
     def _remove(self, node: _Block) -> None:
@@ -410,7 +409,7 @@ class PrefixCache:
         if parent.parent is not None and not (
             parent.children if parent.tier is _DRAM else parent.vram_children
         ):
-            self._queue(parent)
+            self._queue_next(parent)
         if node.depth in self._registered_depths:
             tokens = np.frombuffer(node.path_data(), dtype=_TOKEN)
             length = node.depth * self.block_size
@@ -429,9 +428,25 @@ class PrefixCache:
         if len(heap) > self._heap_limit[tier]:
             self._rebuild(tier)
 
+    def _queue_next(self, node: _Block) -> None:
+        """Queue the frontier block ``node``, likely its tier's next victim, beside the
+        heap: the parent a demotion or removal has just bared. LRU and FIFO empty a tier
+        a path at a time, bottom up, so the next victim search takes it from there
+        without a push and a pop; the one it displaces goes into the heap."""
+        tier = node.tier
+        displaced = self._next[tier]
+        self._next[tier] = (node.key, node.version, node)
+        if displaced is not None:
+            heap = self._heaps[tier]
+            heapq.heappush(heap, displaced)
+            if len(heap) > self._heap_limit[tier]:
+                self._rebuild(tier)
+
     def _rebuild(self, tier: Tier) -> None:
-        # In place: callers may hold the list.
-        heap = self._heaps[tier]
+        """Drop the heap's stale entries. Every frontier block has a live entry (its
+        last push happened when it last became one; a promotion, the one way back
+        without a push, never fails), so this changes no victim."""
+        heap = self._heaps[tier]  # in place: callers may hold the list
         heap[:] = [
             (n.key, n.version, n)
             for root in self._roots.values()
@@ -439,15 +454,25 @@ class PrefixCache:
             if self._candidate(n, tier)
         ]
         heapq.heapify(heap)
+        self._next[tier] = None
 
     def _victim(self, tier: Tier) -> _Block | None:
+        """The first unpinned frontier block of ``tier`` (by key) from the heap and the
+        entry beside it, taken out; None when every frontier block is pinned."""
         heap = self._heaps[tier]
+        beside = self._next[tier]
+        self._next[tier] = None
         dram = tier is _DRAM
         op = self._op
         pinned = []
         victim = None
-        while heap:
-            entry = heapq.heappop(heap)
+        while True:
+            if beside is not None and (not heap or beside < heap[0]):
+                entry, beside = beside, None
+            elif heap:
+                entry = heapq.heappop(heap)
+            else:
+                break
             node = entry[2]
             if (
                 entry[1] != node.version
@@ -461,6 +486,7 @@ class PrefixCache:
                 continue
             victim = node
             break
+        self._next[tier] = beside
         for entry in pinned:
             heapq.heappush(heap, entry)
         return victim
