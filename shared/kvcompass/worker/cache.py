@@ -142,7 +142,9 @@ class PrefixCache:
     so that comparing two entries is one int comparison: LRU ``(last use, -depth)`` is
     ``last_use * depth_scale - depth`` (every depth is below ``depth_scale``), FIFO the
     same with the admission tick, LFU ``(uses, that int)``. Two blocks never share a key
-    (one path is touched per tick), so the order is total.
+    (one path is touched per tick), so the order is total: among one block's entries
+    the version orders them by age, and two equal entries are the same block's (tuple
+    comparison stops at identical items, so it never compares blocks).
     """
 
     def __init__(
