@@ -287,7 +287,7 @@ class PrefixCache:
             node.version += 1
             if not (node.vram_children if node.tier is _VRAM else node.children):
                 self._queue(node)
-        admitted = (0, 0)  # depths of the first and last admitted block
+        admitted: tuple[int, int] | None = None  # depths of the first and last new block
         if n_blocks > len(path):
             parent = first = path[-1] if path else self._root(namespace)
             # The loop runs once per new block (~150 for a long prompt), so it attaches
@@ -317,7 +317,8 @@ class PrefixCache:
         if promoted:
             span = (promoted[0].depth, promoted[-1].depth)  # one run: a path's DRAM tail
             self._report(namespace, EventKind.TIER, _VRAM, data, span)
-        self._report(namespace, EventKind.ADMIT, tier, data, admitted)
+        if admitted:
+            self._report(namespace, EventKind.ADMIT, tier, data, admitted)
         return before
 
     def _root(self, namespace: Namespace) -> _Block:
