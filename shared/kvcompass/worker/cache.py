@@ -446,9 +446,12 @@ class PrefixCache:
                 self._rebuild(tier)
 
     def _rebuild(self, tier: Tier) -> None:
-        """Drop the heap's stale entries. Every frontier block has a live entry (its
-        last push happened when it last became one; a promotion, the one way back
-        without a push, never fails), so this changes no victim."""
+        """Drop the heap's stale entries; it changes no victim. Every frontier block
+        has a live entry: it was queued when it last became one or changed order, and
+        the one way back to the frontier without a queueing (a child's promotion that
+        fails after a victim search dropped the parent's entry) never happens: a prompt
+        holds at most VRAM-many blocks, so some unpinned VRAM block can always move to
+        the DRAM slot the promotion freed."""
         heap = self._heaps[tier]  # in place: callers may hold the list
         heap[:] = [
             (n.key, n.version, n)
