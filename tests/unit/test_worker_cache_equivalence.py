@@ -127,3 +127,30 @@ def test_a_prefix_change_is_the_public_type() -> None:
     changes: list[PrefixChange] = []
     PrefixCache(BLOCK, 2, 2, (2,), on_change=changes.append).use(NAMESPACES[0], [1, 2])
     assert isinstance(changes[0], PrefixChange)
+
+
+@pytest.mark.parametrize("policy", list(EvictionPolicy))
+def test_every_frontier_block_keeps_a_live_entry(policy: EvictionPolicy) -> None:
+    """What makes the heaps' rebuild change no victim: after every operation each
+    frontier block has an entry of its current version in its tier's heap or beside it."""
+    rng = random.Random(7)
+    cache = PrefixCache(BLOCK, 3, 5, (2, 4), policy)
+    for _ in range(3000):
+        ns, tokens = rng.choice(NAMESPACES[:2]), _prompt(rng)
+        if rng.random() < 0.7:
+            cache.use(ns, tokens)
+        else:
+            cache.load(ns, tokens)
+        live = {
+            (tier, id(entry[2]))
+            for tier, heap in cache._heaps.items()
+            for entry in [*heap, cache._next[tier]]
+            if entry is not None and entry[1] == entry[2].version
+        }
+        for root in cache._roots.values():
+            stack = list(root.children.values())
+            while stack:
+                node = stack.pop()
+                stack.extend(node.children.values())
+                if cache._candidate(node, node.tier):
+                    assert (node.tier, id(node)) in live
