@@ -78,16 +78,19 @@ class CacheMatch:
         return Tier.DRAM if self.dram_tokens else Tier.VRAM
 
 
+_VRAM, _DRAM = Tier.VRAM, Tier.DRAM
+
+
 class _Block:
     __slots__ = (
-        "born",
         "children",
         "data",
         "depth",
-        "last_use",
+        "key",
         "namespace",
         "parent",
         "pin",
+        "source",
         "tier",
         "uses",
         "version",
@@ -99,40 +102,31 @@ class _Block:
         namespace: Namespace,
         parent: _Block | None,
         data: bytes,
+        source: bytes,
         tier: Tier,
-        tick: int,
+        depth: int,
+        key: Any,
         pin: int = 0,
         uses: int = 0,
     ) -> None:
         self.namespace = namespace
         self.parent: _Block | None = parent  # None for a root and for a removed block
-        self.data = data  # the block's token ids, uint32 LE
-        self.depth: int = 0 if parent is None else parent.depth + 1
+        self.data = data  # the block's token ids, uint32 LE (its key in parent.children)
+        # The prompt that admitted it, which starts with its whole path: a report slices
+        # it instead of walking up hundreds of blocks. A reference, not a copy; it keeps
+        # that prompt's bytes alive while any block it admitted is held.
+        self.source = source
+        self.depth = depth
         self.children: dict[bytes, _Block] = {}
         self.tier = tier
-        self.born = self.last_use = tick
+        self.key = key  # eviction order, smallest first (PrefixCache._hold sets it)
         self.uses = uses
         self.pin = pin  # the operation that pinned it
         self.version = 0  # bumped whenever its eviction order or tier changes
-        self.vram_children = 0  # kept by set_tier, detach and admission (_hold)
-
-    def set_tier(self, tier: Tier) -> None:
-        if self.parent is not None and tier is not self.tier:
-            self.parent.vram_children += 1 if tier is Tier.VRAM else -1
-        self.tier = tier
-
-    def detach(self) -> None:
-        assert self.parent is not None
-        del self.parent.children[self.data]
-        self.parent.vram_children -= self.tier is Tier.VRAM
+        self.vram_children = 0  # kept by promotion, demotion, removal and admission
 
     def path_data(self) -> bytes:
-        parts = []
-        node: _Block | None = self
-        while node is not None and node.parent is not None:
-            parts.append(node.data)
-            node = node.parent
-        return b"".join(reversed(parts))
+        return self.source[: self.depth * len(self.data)]
 
 
 class PrefixCache:
@@ -140,6 +134,17 @@ class PrefixCache:
 
     ``registration_lengths`` are the lengths the worker registers at (block multiples);
     ``on_change`` receives every change at them, in the order they happen.
+
+    Each tier's frontier blocks wait in a heap of ``(key, version, block)`` entries,
+    pushed whenever a block may have become a frontier block or its order changed and
+    checked when popped (an entry whose version is old, or whose block is no longer a
+    frontier block of that tier, is dropped). ``key`` encodes the policy's order, an int
+    so that comparing two entries is one int comparison: LRU ``(last use, -depth)`` is
+    ``last_use * depth_scale - depth`` (every depth is below ``depth_scale``), FIFO the
+    same with the admission tick, LFU ``(uses, that int)``. Two blocks never share a key
+    (one path is touched per tick), so the order is total: among one block's entries
+    the version orders them by age, and two equal entries are the same block's (tuple
+    comparison stops at identical items, so it never compares blocks).
     """
 
     def __init__(
@@ -156,15 +161,20 @@ class PrefixCache:
         if any(c % block_size for c in registration_lengths):
             raise ValueError(f"registration lengths must be multiples of {block_size}")
         self.block_size = block_size
-        self.capacity = {Tier.VRAM: vram_blocks, Tier.DRAM: dram_blocks}
-        self.used = {Tier.VRAM: 0, Tier.DRAM: 0}
+        self.capacity = {_VRAM: vram_blocks, _DRAM: dram_blocks}
+        self.used = {_VRAM: 0, _DRAM: 0}
         self.policy = EvictionPolicy(policy)
-        self._registered_depths = {c // block_size for c in registration_lengths}
+        self._registered_depths = frozenset(c // block_size for c in registration_lengths)
+        self._registered = sorted(self._registered_depths)
+        self._width = block_size * _TOKEN.itemsize
         self._on_change = on_change
         self._roots: dict[Namespace, _Block] = {}
-        self._heaps: dict[Tier, list[tuple[Any, int, int, _Block]]] = {Tier.VRAM: [], Tier.DRAM: []}
+        self._heaps: dict[Tier, list[tuple[Any, int, _Block]]] = {_VRAM: [], _DRAM: []}
+        self._next: dict[Tier, tuple[Any, int, _Block] | None] = {_VRAM: None, _DRAM: None}
+        # A heap is rebuilt from the tree when stale entries make it this long.
+        self._heap_limit = {tier: 4 * n + 64 for tier, n in self.capacity.items()}
+        self._depth_scale = 1 << (vram_blocks + dram_blocks).bit_length()
         self._ticks = itertools.count(1)
-        self._entries = itertools.count()
         self._op = 0
 
     @classmethod
@@ -202,12 +212,12 @@ class PrefixCache:
         """Serve a prompt: returns what was held before (the reuse), then holds every
         full block of it in VRAM (promoting DRAM blocks, admitting new ones) and records
         the use. A prompt longer than VRAM keeps only its first VRAM-full of blocks."""
-        return self._hold(namespace, tokens, Tier.VRAM)
+        return self._hold(namespace, tokens, _VRAM)
 
     def load(self, namespace: Namespace, tokens: TokenIds) -> CacheMatch:
         """Hold a migrated prefix: new blocks go to DRAM (VRAM when the worker has no
         DRAM); held blocks keep their tier. Returns what was held before."""
-        tier = Tier.DRAM if self.capacity[Tier.DRAM] else Tier.VRAM
+        tier = _DRAM if self.capacity[_DRAM] else _VRAM
         return self._hold(namespace, tokens, tier)
 
     def clear(self) -> None:
@@ -219,6 +229,7 @@ class PrefixCache:
         self._roots.clear()
         for heap in self._heaps.values():
             heap.clear()
+        self._next = dict.fromkeys(self._next)
 
     # -- internals -------------------------------------------------------------------
 
@@ -229,7 +240,7 @@ class PrefixCache:
         node = self._roots.get(namespace)
         if node is None:
             return path
-        width = self.block_size * _TOKEN.itemsize
+        width = self._width
         for start in range(0, len(data) - width + 1, width):
             node = node.children.get(data[start : start + width])
             if node is None:
@@ -241,190 +252,266 @@ class PrefixCache:
         # A path's DRAM blocks are its tail (a DRAM block's children are DRAM blocks).
         dram = 0
         for node in reversed(path):
-            if node.tier is not Tier.DRAM:
+            if node.tier is not _DRAM:
                 break
             dram += 1
         return CacheMatch(len(path) * self.block_size, dram * self.block_size)
 
     def _hold(self, namespace: Namespace, tokens: TokenIds, tier: Tier) -> CacheMatch:
         data = _as_bytes(tokens)
-        width = self.block_size * _TOKEN.itemsize
+        width = self._width
         path = self._path(namespace, data)
         before = self._summary(path)
         n_blocks = min(len(data) // width, self.capacity[tier])
         self._op += 1
+        op = self._op
         tick = next(self._ticks)
+        base = tick * self._depth_scale  # a block's LRU key this tick: base - depth
+        lru = self.policy is EvictionPolicy.LRU
+        lfu = self.policy is EvictionPolicy.LFU
+        vram = tier is _VRAM
         promoted: list[_Block] = []
-        admitted: list[_Block] = []
         for node in path[:n_blocks]:
-            node.pin = self._op
-            if tier is Tier.VRAM and node.tier is Tier.DRAM:
+            node.pin = op
+            if vram and node.tier is _DRAM:
                 if not self._promote(node):
                     n_blocks = node.depth - 1  # no room: hold only what precedes it
                     break
                 promoted.append(node)
-            # _touch, inlined (once per held block): only a frontier block is queued
-            node.last_use = tick
+            # the use, inlined (once per held block): only a frontier block is queued
             node.uses += 1
+            if lru:
+                node.key = base - node.depth
+            elif lfu:
+                node.key = (node.uses, base - node.depth)
             node.version += 1
-            if not (node.vram_children if node.tier is Tier.VRAM else node.children):
-                self._offer(node)
+            if not (node.vram_children if node.tier is _VRAM else node.children):
+                self._queue(node)
+        admitted: tuple[int, int] | None = None  # depths of the first and last new block
         if n_blocks > len(path):
-            parent = path[-1] if path else self._root(namespace)
+            parent = first = path[-1] if path else self._root(namespace)
             # The loop runs once per new block (~150 for a long prompt), so it attaches
             # each in place and looks for no eviction while the tier has room
             # (_make_room would find nothing to do).
-            room = self.capacity[tier] - self.used[tier]
-            vram = tier is Tier.VRAM
             used = self.used
-            op = self._op
+            room = self.capacity[tier] - used[tier]
+            depth = parent.depth
             for start in range(len(path) * width, n_blocks * width, width):
                 if room > 0:
                     room -= 1
                 elif not self._make_room(tier):
                     break
+                depth += 1
+                key = (1, base - depth) if lfu else base - depth
                 block = data[start : start + width]
-                node = _Block(namespace, parent, block, tier, tick, op, 1)
+                node = _Block(namespace, parent, block, data, tier, depth, key, op, 1)
                 parent.children[block] = node
                 parent.vram_children += vram
                 used[tier] += 1
-                admitted.append(node)
                 parent = node
-            if admitted:
+            if parent is not first:
                 # Only the deepest is a frontier block: its ancestors each have a child
                 # now, and become candidates through the removal or demotion below them.
-                self._offer(admitted[-1])
-        self._report(promoted, EventKind.TIER, Tier.VRAM, data)
-        self._report(admitted, EventKind.ADMIT, tier, data)
+                self._queue(parent)
+                admitted = (first.depth + 1, parent.depth)
+        if promoted:
+            span = (promoted[0].depth, promoted[-1].depth)  # one run: a path's DRAM tail
+            self._report(namespace, EventKind.TIER, _VRAM, data, span)
+        if admitted:
+            self._report(namespace, EventKind.ADMIT, tier, data, admitted)
         return before
 
     def _root(self, namespace: Namespace) -> _Block:
         root = self._roots.get(namespace)
         if root is None:
-            root = self._roots[namespace] = _Block(namespace, None, b"", Tier.VRAM, 0)
+            root = self._roots[namespace] = _Block(namespace, None, b"", b"", _VRAM, 0, 0)
         return root
 
     def _promote(self, node: _Block) -> bool:
+        parent = node.parent
+        assert parent is not None, "a held block"
         # Its DRAM slot is freed first, so a demotion made to fit it can take that slot.
-        node.set_tier(Tier.VRAM)
-        self.used[Tier.DRAM] -= 1
-        if not self._make_room(Tier.VRAM):
-            node.set_tier(Tier.DRAM)
-            self.used[Tier.DRAM] += 1
+        node.tier = _VRAM
+        parent.vram_children += 1
+        used = self.used
+        used[_DRAM] -= 1
+        if used[_VRAM] >= self.capacity[_VRAM] and not self._make_room(_VRAM):
+            node.tier = _DRAM
+            parent.vram_children -= 1
+            used[_DRAM] += 1
             return False
-        self.used[Tier.VRAM] += 1
+        used[_VRAM] += 1
         node.version += 1
-        self._offer(node)
+        self._queue(node)  # a frontier block: its children are all in DRAM
         return True
 
     def _make_room(self, tier: Tier) -> bool:
         """Free one block of ``tier`` if it is full; False when nothing may leave."""
-        while self.used[tier] >= self.capacity[tier]:
+        capacity = self.capacity
+        if tier is _DRAM or not capacity[_DRAM]:
+            return self._evict(tier)
+        # Demote VRAM's victim to DRAM, evicting DRAM's for it: in the steady state once
+        # per admitted block, so it is written out here rather than as calls.
+        used = self.used
+        while used[_VRAM] >= capacity[_VRAM]:
+            node = self._victim(_VRAM)
+            if node is None:
+                return False
+            parent = node.parent
+            assert parent is not None, "a victim is held"
+            node.tier = _DRAM  # its VRAM slot is free while DRAM makes room
+            parent.vram_children -= 1
+            used[_VRAM] -= 1
+            while used[_DRAM] >= capacity[_DRAM]:
+                leaf = self._victim(_DRAM)
+                if leaf is None:
+                    node.tier = _VRAM
+                    parent.vram_children += 1
+                    used[_VRAM] += 1
+                    self._queue(node)  # still a frontier block: it was a victim
+                    return False
+                self._remove(leaf)
+            used[_DRAM] += 1
+            node.version += 1
+            if not node.children:  # a DRAM frontier block
+                heap = self._heaps[_DRAM]
+                heapq.heappush(heap, (node.key, node.version, node))
+                if len(heap) > self._heap_limit[_DRAM]:
+                    self._rebuild(_DRAM)
+            if parent.parent is not None and not parent.vram_children:
+                # It lost its last VRAM child (a VRAM block's parent is a VRAM block).
+                self._queue_next(parent)
+            if node.depth in self._registered_depths:
+                tokens = np.frombuffer(node.path_data(), dtype=_TOKEN)
+                length = node.depth * self.block_size
+                self._emit(node.namespace, EventKind.TIER, _DRAM, tokens, (length,))
+        return True
+
+    def _evict(self, tier: Tier) -> bool:
+        """Remove blocks of ``tier`` until it has room; False when nothing may leave."""
+        used, full = self.used, self.capacity[tier]
+        while used[tier] >= full:
             victim = self._victim(tier)
             if victim is None:
                 return False
-            if tier is Tier.DRAM or self.capacity[Tier.DRAM] == 0:
-                self._remove(victim)
-            elif not self._demote(victim):
-                return False
-        return True
-
-    def _demote(self, node: _Block) -> bool:
-        node.set_tier(Tier.DRAM)  # before making room, so it is not its own victim
-        self.used[Tier.VRAM] -= 1
-        if not self._make_room(Tier.DRAM):
-            node.set_tier(Tier.VRAM)
-            self.used[Tier.VRAM] += 1
-            self._offer(node)
-            return False
-        self.used[Tier.DRAM] += 1
-        node.version += 1
-        self._offer(node)
-        if node.parent is not None:
-            self._offer(node.parent)  # it may have lost its last VRAM child
-        if node.depth in self._registered_depths:
-            self._report([node], EventKind.TIER, Tier.DRAM)
+            self._remove(victim)
         return True
 
     def _remove(self, node: _Block) -> None:
         parent = node.parent
         assert parent is not None, "the root is never removed"
         assert not node.children, "only leaves leave the cache"
-        node.detach()
-        self.used[node.tier] -= 1
+        del parent.children[node.data]
+        tier = node.tier
+        if tier is _VRAM:
+            parent.vram_children -= 1
+        self.used[tier] -= 1
         node.version += 1
         node.parent = None  # marks it gone for the heaps
-        self._offer(parent)  # a root stays, even empty: a prompt may be growing under it
+        # A root stays, even empty: a prompt may be growing under it.
+        if parent.parent is not None and not (
+            parent.children if parent.tier is _DRAM else parent.vram_children
+        ):
+            self._queue_next(parent)
         if node.depth in self._registered_depths:
-            tokens = np.frombuffer(parent.path_data() + node.data, dtype=_TOKEN)
+            tokens = np.frombuffer(node.path_data(), dtype=_TOKEN)
             length = node.depth * self.block_size
             self._emit(node.namespace, EventKind.EVICT, Tier.ABSENT, tokens, (length,))
 
     def _candidate(self, node: _Block, tier: Tier) -> bool:
         if node.parent is None or node.tier is not tier:
             return False
-        return not node.children if tier is Tier.DRAM else not node.vram_children
+        return not node.children if tier is _DRAM else not node.vram_children
 
-    def _order(self, node: _Block) -> tuple[int, ...]:
-        if self.policy is EvictionPolicy.LRU:
-            return (node.last_use, -node.depth)
-        if self.policy is EvictionPolicy.LFU:
-            return (node.uses, node.last_use, -node.depth)
-        return (node.born, -node.depth)
+    def _queue(self, node: _Block) -> None:
+        """Queue the frontier block ``node`` as a victim of its tier."""
+        tier = node.tier
+        heap = self._heaps[tier]
+        heapq.heappush(heap, (node.key, node.version, node))
+        if len(heap) > self._heap_limit[tier]:
+            self._rebuild(tier)
 
-    def _offer(self, node: _Block) -> None:
-        """Queue ``node`` as a victim of its tier if it is a frontier block now."""
-        if self._candidate(node, node.tier):
-            heap = self._heaps[node.tier]
-            heapq.heappush(heap, (self._order(node), next(self._entries), node.version, node))
-            if len(heap) > 4 * self.capacity[node.tier] + 64:
-                self._rebuild(node.tier)
+    def _queue_next(self, node: _Block) -> None:
+        """Queue the frontier block ``node``, likely its tier's next victim, beside the
+        heap: the parent a demotion or removal has just bared. LRU and FIFO empty a tier
+        a path at a time, bottom up, so the next victim search takes it from there
+        without a push and a pop; the one it displaces goes into the heap."""
+        tier = node.tier
+        displaced = self._next[tier]
+        self._next[tier] = (node.key, node.version, node)
+        if displaced is not None:
+            heap = self._heaps[tier]
+            heapq.heappush(heap, displaced)
+            if len(heap) > self._heap_limit[tier]:
+                self._rebuild(tier)
 
     def _rebuild(self, tier: Tier) -> None:
-        heap = [
-            (self._order(n), next(self._entries), n.version, n)
+        """Drop the heap's stale entries; it changes no victim. Every frontier block
+        has a live entry: it was queued when it last became one or changed order, and
+        the one way back to the frontier without a queueing (a child's promotion that
+        fails after a victim search dropped the parent's entry) never happens: a prompt
+        holds at most VRAM-many blocks, so some unpinned VRAM block can always move to
+        the DRAM slot the promotion freed."""
+        heap = self._heaps[tier]  # in place: callers may hold the list
+        heap[:] = [
+            (n.key, n.version, n)
             for root in self._roots.values()
             for n in _subtree(root)
             if self._candidate(n, tier)
         ]
         heapq.heapify(heap)
-        self._heaps[tier] = heap
+        self._next[tier] = None
 
     def _victim(self, tier: Tier) -> _Block | None:
+        """The first unpinned frontier block of ``tier`` (by key) from the heap and the
+        entry beside it, taken out; None when every frontier block is pinned."""
         heap = self._heaps[tier]
+        beside = self._next[tier]
+        self._next[tier] = None
+        dram = tier is _DRAM
+        op = self._op
         pinned = []
         victim = None
-        while heap:
-            entry = heapq.heappop(heap)
-            node = entry[3]
-            if entry[2] != node.version or not self._candidate(node, tier):
+        while True:
+            if beside is not None and (not heap or beside < heap[0]):
+                entry, beside = beside, None
+            elif heap:
+                entry = heapq.heappop(heap)
+            else:
+                break
+            node = entry[2]
+            if (
+                entry[1] != node.version
+                or node.parent is None
+                or node.tier is not tier
+                or (node.children if dram else node.vram_children)
+            ):
                 continue  # stale: superseded by a later entry or no longer a frontier
-            if node.pin == self._op:
+            if node.pin == op:
                 pinned.append(entry)
                 continue
             victim = node
             break
+        self._next[tier] = beside
         for entry in pinned:
             heapq.heappush(heap, entry)
         return victim
 
     def _report(
-        self, nodes: list[_Block], kind: EventKind, tier: Tier, prompt: bytes | None = None
+        self,
+        namespace: Namespace,
+        kind: EventKind,
+        tier: Tier,
+        prompt: bytes,
+        span: tuple[int, int],
     ) -> None:
-        """One change per run of nodes along one path (one prompt's promoted / admitted
-        blocks, ``prompt`` that path's bytes when known), at the registration lengths
-        among them."""
-        registered = [n for n in nodes if n.depth in self._registered_depths]
-        if not registered:
-            return
-        last = max(registered, key=lambda n: n.depth)
-        if prompt is None:
-            path = last.path_data()
-        else:  # the same bytes without walking up ~200 blocks
-            path = prompt[: last.depth * self.block_size * _TOKEN.itemsize]
-        tokens = np.frombuffer(path, dtype=_TOKEN)
-        lengths = tuple(sorted(n.depth * self.block_size for n in registered))
-        self._emit(last.namespace, kind, tier, tokens, lengths)
+        """One change for the blocks of ``prompt`` at depths ``span`` (first, last; one
+        prompt's promoted or admitted blocks), at the registration lengths among them."""
+        first, last = span
+        lengths = tuple(d * self.block_size for d in self._registered if first <= d <= last)
+        if lengths:
+            tokens = np.frombuffer(prompt[: lengths[-1] * _TOKEN.itemsize], dtype=_TOKEN)
+            self._emit(namespace, kind, tier, tokens, lengths)
 
     def _emit(
         self,

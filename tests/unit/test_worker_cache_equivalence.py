@@ -1,0 +1,156 @@
+"""The worker cache behaves exactly like its pre-speed-up version (``_cache_reference``).
+
+Seeded random operations (use / load / match / clear over three namespaces, prompts
+sharing prefixes, capacities of a few blocks so that demotions, evictions, promotions,
+pinning and failed room-making happen constantly) go to both; every result, every
+block count and every reported change (namespace, kind, tier, tokens, lengths) must be
+equal, in order, for each eviction policy, with and without DRAM.
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+from typing import Any
+
+import pytest
+
+from kvcompass.index.layout import Tier
+from kvcompass.keys import Namespace
+from kvcompass.worker import EvictionPolicy, PrefixCache, PrefixChange
+
+# Beside this file (pytest puts its folder on sys.path); untyped on purpose: only a
+# reference to compare with.
+reference: Any = importlib.import_module("_cache_reference")
+
+BLOCK = 2
+NAMESPACES = [Namespace("m"), Namespace("m", "b"), Namespace("m", "c")]
+
+Change = tuple[Namespace, str, str, list[int], tuple[int, ...]]
+
+
+def _record(changes: list[Change]) -> Any:
+    def on_change(c: Any) -> None:
+        changes.append((c.namespace, c.kind.name, c.tier.name, c.tokens.tolist(), c.lengths))
+
+    return on_change
+
+
+def _prompt(rng: random.Random) -> list[int]:
+    """Blocks from a small alphabet (so prompts share prefixes), sometimes a partial tail."""
+    n = rng.choice([1, 2, 3, 4, 6, 9, 14])
+    head = rng.randrange(3)  # a few "system prompts" many prompts start with
+    blocks = [head] + [rng.randrange(4) for _ in range(n - 1)]
+    tokens = [b * 10 + i for b in blocks for i in range(BLOCK)]
+    return tokens + [7] * rng.choice([0, 0, 1])
+
+
+def _run(
+    seed: int, policy: EvictionPolicy, vram: int, dram: int, ops: int
+) -> tuple[list[Any], list[Any], int]:
+    """The two caches' (results, changes) side by side, and how often the heaps were
+    rebuilt (the rare path through which lost frontier blocks come back)."""
+    rng = random.Random(seed)
+    lengths = sorted(rng.sample([0, 2, 4, 6, 8, 12, 16, 20], rng.randrange(1, 5)))
+    runs: list[tuple[list[Any], list[Change]]] = []
+    rebuilds = 0
+    for cls in (reference.PrefixCache, PrefixCache):
+        rng = random.Random(seed)
+        results: list[Any] = []
+        changes: list[Change] = []
+        cache: Any = cls(BLOCK, vram, dram, lengths, policy, _record(changes))
+        if cls is PrefixCache:
+            rebuild = cache._rebuild
+
+            def counted(tier: Tier, rebuild: Any = rebuild) -> None:
+                nonlocal rebuilds
+                rebuilds += 1
+                rebuild(tier)
+
+            cache._rebuild = counted
+        hot = [(NAMESPACES[0], _prompt(rng))]
+        burst, repeated = 0, hot[0]
+        for _ in range(ops):
+            if burst == 0 and rng.random() < 0.01:
+                # One prompt again and again: its hits queue entries that no eviction
+                # pops, until the heap is rebuilt.
+                burst, repeated = 100, rng.choice(hot)
+            if burst:
+                burst -= 1
+                ns, tokens = repeated
+            elif rng.random() < 0.3:
+                ns, tokens = rng.choice(hot)
+            else:
+                ns, tokens = rng.choice(NAMESPACES), _prompt(rng)
+                hot = [*hot[-3:], (ns, tokens)]
+            op = rng.random()
+            if op < 0.6:
+                m = cache.use(ns, tokens)
+            elif op < 0.85:
+                m = cache.load(ns, tokens)
+            elif op < 0.995:
+                m = cache.match(ns, tokens)
+            else:
+                m = cache.clear()
+            results.append(
+                (m and (m.tokens, m.dram_tokens), cache.blocks(Tier.VRAM), cache.blocks(Tier.DRAM))
+            )
+            changes.append((ns, "op", "", [], ()))  # a boundary: changes stay per operation
+        runs.append((results, changes))
+    (old_results, old_changes), (new_results, new_changes) = runs
+    return [old_results, old_changes], [new_results, new_changes], rebuilds
+
+
+@pytest.mark.parametrize("policy", list(EvictionPolicy))
+@pytest.mark.parametrize(("vram", "dram"), [(3, 5), (6, 4), (4, 0), (1, 9), (12, 30)])
+def test_every_result_and_change_equals_the_reference(
+    policy: EvictionPolicy, vram: int, dram: int
+) -> None:
+    rebuilt = 0
+    for seed in range(6):
+        old, new, rebuilds = _run(seed, policy, vram, dram, ops=1500)
+        assert new[0] == old[0], f"results differ (seed {seed})"
+        assert new[1] == old[1], f"changes differ (seed {seed})"
+        rebuilt += rebuilds
+    assert rebuilt > 0  # the heaps' rebuild was exercised too
+
+
+def test_the_comparison_sees_changes() -> None:
+    """Guard against a vacuous pass: the scenarios do report, promote and evict."""
+    _, new, _ = _run(0, EvictionPolicy.LRU, 3, 5, ops=1500)
+    kinds = {(kind, tier) for _, kind, tier, _, _ in new[1]}
+    assert {("ADMIT", "VRAM"), ("ADMIT", "DRAM"), ("TIER", "DRAM"), ("TIER", "VRAM")} <= kinds
+    assert ("EVICT", "ABSENT") in kinds
+
+
+def test_a_prefix_change_is_the_public_type() -> None:
+    changes: list[PrefixChange] = []
+    PrefixCache(BLOCK, 2, 2, (2,), on_change=changes.append).use(NAMESPACES[0], [1, 2])
+    assert isinstance(changes[0], PrefixChange)
+
+
+@pytest.mark.parametrize("policy", list(EvictionPolicy))
+def test_every_frontier_block_keeps_a_live_entry(policy: EvictionPolicy) -> None:
+    """What makes the heaps' rebuild change no victim: after every operation each
+    frontier block has an entry of its current version in its tier's heap or beside it."""
+    rng = random.Random(7)
+    cache = PrefixCache(BLOCK, 3, 5, (2, 4), policy)
+    for _ in range(3000):
+        ns, tokens = rng.choice(NAMESPACES[:2]), _prompt(rng)
+        if rng.random() < 0.7:
+            cache.use(ns, tokens)
+        else:
+            cache.load(ns, tokens)
+        live = {
+            (tier, id(entry[2]))
+            for tier, heap in cache._heaps.items()
+            for entry in [*heap, cache._next[tier]]
+            if entry is not None and entry[1] == entry[2].version
+        }
+        for root in cache._roots.values():
+            stack = list(root.children.values())
+            while stack:
+                node = stack.pop()
+                stack.extend(node.children.values())
+                if cache._candidate(node, node.tier):
+                    assert (node.tier, id(node)) in live
