@@ -4,7 +4,10 @@ directory they share with the primary.
 The primary starts N-1 ``kvcompass router`` processes with the same settings (one
 process each, no status endpoint), restarts one that exits while the group runs, and
 stops them on exit. The directory is new for every run of the group and removed at its
-end: a restarted group never adds a previous run's files to its counts.
+end: a restarted group never adds a previous run's files to its counts. Each extra is
+told the primary's pid and exits when it is gone (:func:`primary_gone`): a SIGKILLed
+primary runs no exit code, and extras left behind would keep the port serving with
+nobody supervising them or merging their metrics (the directory then stays behind).
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from types import TracebackType
 import structlog
 
 from kvcompass.services.router.group_metrics import MULTIPROC_ENV, forget_process
+from kvcompass.services.router.settings import RouterSettings
 
-__all__ = ["RouterGroup"]
+__all__ = ["RouterGroup", "primary_gone"]
 
 _CHECK_S = 0.5  # also the pause between two restarts: a crashing extra cannot spin
 
@@ -76,6 +80,7 @@ class RouterGroup:
             "KVC_ROUTER_PROCESSES": "1",
             "KVC_METRICS_PORT": "0",
             MULTIPROC_ENV: self.metrics_dir,
+            RouterSettings.env_name("router_group_parent"): str(os.getpid()),
         }
         return subprocess.Popen([sys.executable, "-m", "kvcompass.services.router"], env=env)
 
@@ -93,3 +98,9 @@ class RouterGroup:
                     exit_status=status,
                     new_pid=self._children[i].pid,
                 )
+
+
+def primary_gone(parent: int) -> bool:
+    """An extra started by the primary ``parent`` (0: not an extra) has lost it: the
+    kernel gave the orphan a new parent (init, or a container's subreaper)."""
+    return parent != 0 and os.getppid() != parent

@@ -27,7 +27,7 @@ from kvcompass.services.health import Health
 from kvcompass.services.router import tokenizer
 from kvcompass.services.router.app import RouterApp
 from kvcompass.services.router.endpoints import worker_urls
-from kvcompass.services.router.group import RouterGroup
+from kvcompass.services.router.group import RouterGroup, primary_gone
 from kvcompass.services.router.group_metrics import MULTIPROC_ENV, GroupCollector, write_to
 from kvcompass.services.router.policy import RoutingPolicy
 from kvcompass.services.router.queues import QueueConsumer
@@ -172,11 +172,17 @@ class RouterService:
         self._socket.close()
 
     def run(self, stop: threading.Event) -> None:
+        parent = self._settings.router_group_parent
+
         async def watch_views() -> None:
             # /readyz on either port reads Health: keep the views' condition current.
             while True:
                 self.router.check_index()
                 self.router.metrics.queue_ages(self._consumer.ages_s())
+                if primary_gone(parent):
+                    self._log.warning("router_primary_gone", primary_pid=parent)
+                    stop.set()  # drain as on SIGTERM
+                    return
                 await asyncio.sleep(_VIEWS_CHECK_S)
 
         async def started() -> None:

@@ -22,6 +22,11 @@ class RouterSettings(PipelineSettings):
         "Router processes sharing the port (SO_REUSEPORT), the edge's shared-memory "
         "views and one /metrics; each keeps its own policy state.",
     )
+    router_group_parent: int = setting(
+        0,
+        "Set by a router group's primary on the extra processes it starts: its pid. An "
+        "extra drains and exits once that process is gone, even after a SIGKILL. 0: none.",
+    )
     policy: str = setting(
         "kvcompass",
         "Routing policy: kvcompass or a baseline (a kvcompass.routing.POLICY_NAMES name).",

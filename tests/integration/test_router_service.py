@@ -267,3 +267,34 @@ def _requests_total(url: str) -> float:
         for s in f.samples
         if s.name == "kvc_router_requests_total"
     )
+
+
+def test_extras_drain_and_exit_when_the_primary_is_sigkilled(cluster: LocalCluster) -> None:
+    """A SIGKILLed primary runs no exit code: its extra notices it has been orphaned,
+    drains and exits, and nothing is left listening on the port."""
+    with contextlib.ExitStack() as stack:
+        stub = StubWorker("us-0", "us")
+        stub_url = stack.enter_context(serve_in_thread(stub.app()))
+        endpoints = ",".join(f"{w.id}={stub_url}" for w in TOPOLOGY.workers)
+        port = free_port()
+        router = cluster.start(
+            "router", "router", KVC_REGION="us", KVC_ROUTER_PORT=str(port),
+            KVC_WORKER_ENDPOINTS=endpoints, KVC_ROUTER_PROCESSES="2",
+        )  # fmt: skip
+        poll_until(lambda: len(_listeners(port)) == 2 or None, 60, "both processes listening")
+        (extra,) = _children(router.pid)
+        stack.callback(_kill_if_alive, extra)  # an orphan must not outlive a failed test
+        os.kill(router.pid, signal.SIGKILL)
+        router.wait(timeout=30)
+
+        def extra_gone() -> bool:
+            status = Path(f"/proc/{extra}/status")
+            return not status.exists() or "zombie" in status.read_text()
+
+        poll_until(extra_gone, 30, "the orphaned extra exiting")
+        assert not _listeners(port)
+
+
+def _kill_if_alive(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
