@@ -10,6 +10,7 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -131,14 +132,7 @@ def test_router_processes_share_one_port_and_stop_together(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
     with contextlib.ExitStack() as stack:
-        stub = StubWorker("us-0", "us")
-        stub_url = stack.enter_context(serve_in_thread(stub.app()))
-        endpoints = ",".join(f"{w.id}={stub_url}" for w in TOPOLOGY.workers)
-        port = free_port()
-        router = cluster.start(
-            "router", "router", KVC_REGION="us", KVC_ROUTER_PORT=str(port),
-            KVC_WORKER_ENDPOINTS=endpoints, KVC_ROUTER_PROCESSES="3",
-        )  # fmt: skip
+        stub, router, port = _router_group(cluster, stack, 3)
         children = Path(f"/proc/{router.pid}/task/{router.pid}/children")
         pids = poll_until(
             lambda: [int(p) for p in children.read_text().split()] or None, 30, "children"
@@ -171,6 +165,22 @@ def test_router_processes_share_one_port_and_stop_together(
             ), f"child {pid} outlived the router"
 
 
+def _router_group(
+    cluster: LocalCluster, stack: contextlib.ExitStack, processes: int
+) -> tuple[StubWorker, subprocess.Popen[bytes], int]:
+    """A stub worker for every worker id and a router group of ``processes`` in front of it:
+    the stub, the primary, the API port."""
+    stub = StubWorker("us-0", "us")
+    stub_url = stack.enter_context(serve_in_thread(stub.app()))
+    endpoints = ",".join(f"{w.id}={stub_url}" for w in TOPOLOGY.workers)
+    port = free_port()
+    router = cluster.start(
+        "router", "router", KVC_REGION="us", KVC_ROUTER_PORT=str(port),
+        KVC_WORKER_ENDPOINTS=endpoints, KVC_ROUTER_PROCESSES=str(processes),
+    )  # fmt: skip
+    return stub, router, port
+
+
 def _listeners(port: int) -> set[str]:
     """Inodes of the sockets listening on ``port`` (/proc/net/tcp, state 0A)."""
     inodes = set()
@@ -198,14 +208,7 @@ def test_a_router_group_counts_every_process_on_the_primarys_metrics(
     """KVC_ROUTER_PROCESSES=2: the primary's /metrics counts the requests both processes
     served; an extra SIGKILLed is restarted and what it served is counted once."""
     with contextlib.ExitStack() as stack:
-        stub = StubWorker("us-0", "us")
-        stub_url = stack.enter_context(serve_in_thread(stub.app()))
-        endpoints = ",".join(f"{w.id}={stub_url}" for w in TOPOLOGY.workers)
-        port = free_port()
-        router = cluster.start(
-            "router", "router", KVC_REGION="us", KVC_ROUTER_PORT=str(port),
-            KVC_WORKER_ENDPOINTS=endpoints, KVC_ROUTER_PROCESSES="2",
-        )  # fmt: skip
+        _, router, port = _router_group(cluster, stack, 2)
         served: collections.Counter[int] = collections.Counter()  # responses per router pid
         body = {"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 1}
 
@@ -273,14 +276,7 @@ def test_extras_drain_and_exit_when_the_primary_is_sigkilled(cluster: LocalClust
     """A SIGKILLed primary runs no exit code: its extra notices it has been orphaned,
     drains and exits, and nothing is left listening on the port."""
     with contextlib.ExitStack() as stack:
-        stub = StubWorker("us-0", "us")
-        stub_url = stack.enter_context(serve_in_thread(stub.app()))
-        endpoints = ",".join(f"{w.id}={stub_url}" for w in TOPOLOGY.workers)
-        port = free_port()
-        router = cluster.start(
-            "router", "router", KVC_REGION="us", KVC_ROUTER_PORT=str(port),
-            KVC_WORKER_ENDPOINTS=endpoints, KVC_ROUTER_PROCESSES="2",
-        )  # fmt: skip
+        _, router, port = _router_group(cluster, stack, 2)
         poll_until(lambda: len(_listeners(port)) == 2 or None, 60, "both processes listening")
         (extra,) = _children(router.pid)
         stack.callback(_kill_if_alive, extra)  # an orphan must not outlive a failed test
