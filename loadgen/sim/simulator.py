@@ -117,6 +117,7 @@ class Simulation:
         self._model = topology.model.name
         self._flights: dict[tuple[int, int], _Flight] = {}  # (worker, sequence number)
         self._pending = 0
+        self._migrations = 0  # orders issued (an ablation that changes nothing shows 0)
         self._arrivals: Iterator[LiveRequest] = iter(())
         self._progress = progress
         self.records: list[SimRecord] = []
@@ -134,6 +135,7 @@ class Simulation:
         stats["index_divergent_tables"] = self.index.divergent_tables()
         stats["simulated_s"] = self.clock.monotonic()
         stats["n_workers"] = len(self.pool.workers)
+        stats["migrations"] = self._migrations
         return SimResult(
             self.records, self.samples, self.config.as_dict(), time.perf_counter() - started, stats
         )
@@ -197,6 +199,7 @@ class Simulation:
         self.events.push(now + reach_ms / 1e3, self._submit, flight)
         order = decision.migration
         if order is not None:
+            self._migrations += 1
             target = self._region_of[order.target_worker]
             reach = now + self._wan(origin, target) / 1e3
             self.events.push(reach, self._migrate, (namespace, tokens, order))
