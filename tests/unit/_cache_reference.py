@@ -1,38 +1,17 @@
-"""REFERENCE ORACLE FOR TESTS ONLY: a frozen copy of ``kvcompass.worker.cache`` as of
-9d398ef, before its steady-state speed-up. Nothing outside tests/ may import it, and it
-is never to be edited or "fixed": test_worker_cache_equivalence.py checks that the real
-cache behaves exactly like it (matches, blocks held, every reported change in order).
-
-The original module docstring follows.
-
-A worker's two-tier prefix KV cache, by blocks (paper §3.1, §5.1; DESIGN §9).
-
-Per namespace a radix tree of blocks: each node is one block of ``block_size`` token ids
-and its path from the root is the prefix it completes, so a prefix of ``c`` tokens
-(``c`` a block multiple) is held iff the node at depth ``c / block_size`` exists.
-Capacities are counted in blocks and shared by every namespace (one GPU, one host).
-
-Two invariants keep every held prefix contiguous and give it one tier:
-
-- a DRAM block's children are DRAM blocks, so along any path the VRAM blocks come
-  first and a prefix's tier is the tier of its last block;
-- only *frontier* blocks leave a tier: a VRAM block with no VRAM child is demoted to
-  DRAM, and a DRAM block with no child at all is evicted.
-
-Which frontier block goes first is the eviction policy (LRU, LFU or FIFO, paper Fig. 6);
-the blocks of the prompt being served are pinned for the operation. The index only
-needs the lengths edges query, so the cache reports a change through ``on_change`` only
-when the node at a registration length is admitted, changes tier or is evicted: a prompt
-that extends a held prefix within one registration interval reports nothing.
+"""REFERENCE ORACLE FOR TESTS ONLY: the behaviour of ``kvcompass.worker.cache`` as of
+9d398ef, before its steady-state speed-up (its eviction heap, demotion and removal code,
+frozen). The value types it returns (``CacheMatch``, ``PrefixChange``, ``EvictionPolicy``)
+are the real module's, not copies. Nothing outside tests/ may import it, and its
+behaviour is never to be edited or "fixed": test_worker_cache_equivalence.py checks that
+the real cache behaves exactly like it (matches, blocks held, every reported change in
+order). The real module's docstring describes the design both follow.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,46 +22,11 @@ from kvcompass.keys import Namespace, TokenIds
 from kvcompass.levels import plan_levels
 from kvcompass.topology import Topology, Worker
 from kvcompass.wire import EventKind
+from kvcompass.worker.cache import CacheMatch, EvictionPolicy, OnChange, PrefixChange
 
 __all__ = ["CacheMatch", "EvictionPolicy", "OnChange", "PrefixCache", "PrefixChange"]
 
 _TOKEN = np.dtype("<u4")
-
-
-class EvictionPolicy(StrEnum):
-    """Which frontier block leaves its tier first."""
-
-    LRU = "lru"  # least recently used
-    LFU = "lfu"  # fewest uses (ties: least recently used)
-    FIFO = "fifo"  # cached earliest (promotion and reuse do not renew it)
-
-
-@dataclass(frozen=True, slots=True)
-class PrefixChange:
-    """One change the index must learn: the prefixes of ``tokens`` at ``lengths``."""
-
-    namespace: Namespace
-    kind: EventKind
-    tier: Tier  # ABSENT for an eviction
-    tokens: NDArray[np.uint32]  # as long as the longest of ``lengths``
-    lengths: tuple[int, ...]  # ascending registration lengths
-
-
-OnChange = Callable[[PrefixChange], None]
-
-
-@dataclass(frozen=True, slots=True)
-class CacheMatch:
-    """The held prefix of a prompt: ``tokens`` long, the last ``dram_tokens`` in DRAM."""
-
-    tokens: int = 0
-    dram_tokens: int = 0
-
-    @property
-    def tier(self) -> Tier:
-        if self.tokens == 0:
-            return Tier.ABSENT
-        return Tier.DRAM if self.dram_tokens else Tier.VRAM
 
 
 class _Block:
