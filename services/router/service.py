@@ -40,7 +40,7 @@ from kvcompass.topology import Topology
 
 __all__ = ["PolicyFactory", "RouterService", "routing_policy"]
 
-_VIEWS_CHECK_S = 0.25
+_WATCH_S = 0.25
 
 #: Builds the policy of one router process.
 PolicyFactory = Callable[[RouterSettings, Topology, IndexReader, Clock], RoutingPolicy]
@@ -174,8 +174,9 @@ class RouterService:
     def run(self, stop: threading.Event) -> None:
         parent = self._settings.router_group_parent
 
-        async def watch_views() -> None:
+        async def watch() -> None:
             # /readyz on either port reads Health: keep the views' condition current.
+            # An extra of a group also checks that its primary still runs.
             while True:
                 self.router.check_index()
                 self.router.metrics.queue_ages(self._consumer.ages_s())
@@ -183,12 +184,12 @@ class RouterService:
                     self._log.warning("router_primary_gone", primary_pid=parent)
                     stop.set()  # drain as on SIGTERM
                     return
-                await asyncio.sleep(_VIEWS_CHECK_S)
+                await asyncio.sleep(_WATCH_S)
 
         async def started() -> None:
             loop = asyncio.get_running_loop()
             self._loop_call = loop.call_soon_threadsafe
-            self._watcher = loop.create_task(watch_views())
+            self._watcher = loop.create_task(watch())
             self._log.info(
                 "listening",
                 host=self._settings.router_host,
