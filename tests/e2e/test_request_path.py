@@ -96,15 +96,27 @@ def matched(decision: dict[str, Any]) -> dict[str, int]:
 
 
 def wait_indexed(
-    stack: LocalStack, region: str, prompt: list[int], worker: str, key: str = "key-a"
+    stack: LocalStack,
+    region: str,
+    prompt: list[int],
+    worker: str,
+    key: str = "key-a",
+    idle: bool = False,
 ) -> dict[str, Any]:
-    """Until the edge of ``region`` sees ``worker`` holding a prefix of ``prompt``."""
+    """Until the edge of ``region`` sees ``worker`` holding a prefix of ``prompt`` (and,
+    with ``idle``, believes its queue empty: the index can arrive before the queue vector
+    that says the prefill which cached the prefix has ended, up to Δ later)."""
 
     def seen() -> dict[str, Any] | None:
         decision = route(stack, region, prompt, key)
-        return decision if worker in matched(decision) else None
+        if worker not in matched(decision):
+            return None
+        if idle and {c["worker"]: c for c in decision["candidates"]}[worker]["queue_ms"] != 0:
+            return None
+        return decision
 
-    return poll_until(seen, 30, f"{worker} indexed at the {region} edge", interval=0.05)
+    state = "indexed and idle" if idle else "indexed"
+    return poll_until(seen, 30, f"{worker} {state} at the {region} edge", interval=0.05)
 
 
 def test_long_remote_match_is_forwarded_short_one_is_not(stack: LocalStack) -> None:
@@ -112,7 +124,7 @@ def test_long_remote_match_is_forwarded_short_one_is_not(stack: LocalStack) -> N
     headers, _ = complete(stack, "eu", long_prompt)
     holder = headers["x-kvc-worker"]
     assert headers["x-kvc-region"] == "eu"
-    wait_indexed(stack, "us", long_prompt, holder)
+    wait_indexed(stack, "us", long_prompt, holder, idle=True)
     headers, body = complete(stack, "us", long_prompt)
     assert headers["x-kvc-worker"] == holder, headers
     assert body["usage"]["prompt_tokens_details"]["cached_tokens"] > 8_000
