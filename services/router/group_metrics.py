@@ -4,12 +4,18 @@ prometheus_client's multiprocess mode: every process of the group writes its met
 values to memory-mapped files named by its pid in one directory, and a scrape of any
 process merges all files (counters and histograms summed, each gauge by its
 ``multiprocess_mode``). A process SIGKILLed keeps its files, so what it served is still
-counted; :func:`forget_process` drops only its live gauges.
+counted; :func:`forget_process` drops only its live gauges. The primary removes the
+directory when the group ends; after a SIGKILLed primary the last extra to
+:func:`leave` does.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import re
+import shutil
 from collections.abc import Iterable, Iterator
 
 from prometheus_client import values
@@ -19,7 +25,7 @@ from prometheus_client.registry import Collector
 
 # prometheus_client's multiprocess module has no annotations: hence the ignores below.
 
-__all__ = ["MULTIPROC_ENV", "GroupCollector", "forget_process", "write_to"]
+__all__ = ["MULTIPROC_ENV", "GroupCollector", "forget_process", "leave", "write_to"]
 
 #: Names the group's directory; the extras inherit it, so their prometheus_client starts
 #: in multiprocess mode at import.
@@ -45,6 +51,53 @@ def forget_process(directory: str, pid: int) -> None:
     """A group member exited: its ``live*`` gauges leave the aggregate; its counters and
     histograms stay (what it served happened)."""
     mark_process_dead(pid, directory)  # type: ignore[no-untyped-call]
+
+
+def leave(directory: str, me: int) -> bool:
+    """Extra ``me`` leaves the group; if no other member still runs (the primary was
+    SIGKILLed, or has ended), remove the directory. Returns whether it did.
+
+    Members are the pids that own files; one that already left counts as gone even while
+    it exits, and a lock orders the leavers, so of extras that drain together exactly
+    the last removes it."""
+    with contextlib.suppress(FileNotFoundError):  # the primary removed it already
+        lock = os.open(os.path.join(directory, ".lock"), os.O_CREAT | os.O_RDWR)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            open(os.path.join(directory, f"left_{me}"), "w").close()
+            names = os.listdir(directory)
+            left = {int(m[1]) for n in names if (m := _LEFT.fullmatch(n))}
+            members = {int(m[1]) for n in names if (m := _FILE.fullmatch(n))}
+            if any(_running(pid) for pid in members - left):
+                return False
+            shutil.rmtree(directory, ignore_errors=True)
+            return True
+        finally:
+            os.close(lock)
+    return False
+
+
+_FILE = re.compile(r".+_(\d+)\.db")  # prometheus_client's "<kind>_<pid>.db"
+_LEFT = re.compile(r"left_(\d+)")
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process reuses the pid: still running
+        return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Exited but not reaped (an orphaned primary's parent may not have reaped it yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return False
 
 
 class GroupCollector(Collector):

@@ -28,7 +28,12 @@ from kvcompass.services.router import tokenizer
 from kvcompass.services.router.app import RouterApp
 from kvcompass.services.router.endpoints import worker_urls
 from kvcompass.services.router.group import RouterGroup, primary_gone
-from kvcompass.services.router.group_metrics import MULTIPROC_ENV, GroupCollector, write_to
+from kvcompass.services.router.group_metrics import (
+    MULTIPROC_ENV,
+    GroupCollector,
+    leave,
+    write_to,
+)
 from kvcompass.services.router.policy import RoutingPolicy
 from kvcompass.services.router.queues import QueueConsumer
 from kvcompass.services.router.server import reuse_port_socket, serve
@@ -170,6 +175,12 @@ class RouterService:
         self._consumer.close()
         self.views.close()
         self._socket.close()
+        # The last extra out of a group whose primary was SIGKILLed removes the
+        # directory that primary cannot.
+        directory = os.environ.get(MULTIPROC_ENV, "")
+        extra = bool(self._settings.router_group_parent and directory)
+        if extra and leave(directory, os.getpid()):
+            self._log.info("router_group_metrics_removed", directory=directory)
 
     def run(self, stop: threading.Event) -> None:
         parent = self._settings.router_group_parent

@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -274,7 +275,7 @@ def _requests_total(url: str) -> float:
 
 def test_extras_drain_and_exit_when_the_primary_is_sigkilled(cluster: LocalCluster) -> None:
     """A SIGKILLed primary runs no exit code: its extra notices it has been orphaned,
-    drains and exits, and nothing is left listening on the port."""
+    drains and exits, and nothing is left listening on the port or in the temp dir."""
     with contextlib.ExitStack() as stack:
         _, router, port = _router_group(cluster, stack, 2)
         poll_until(lambda: len(_listeners(port)) == 2 or None, 60, "both processes listening")
@@ -289,6 +290,8 @@ def test_extras_drain_and_exit_when_the_primary_is_sigkilled(cluster: LocalClust
 
         poll_until(extra_gone, 30, "the orphaned extra exiting")
         assert not _listeners(port)
+        # The extra, last out, removed the group's metrics directory the primary could not.
+        assert not list(Path(tempfile.gettempdir()).glob(f"kvc-router-{router.pid}-*"))
 
 
 def _kill_if_alive(pid: int) -> None:

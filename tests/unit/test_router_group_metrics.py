@@ -1,7 +1,7 @@
 """One /metrics for a router group: what processes of a group write to the shared
 directory is merged as each metric says (counters summed, gauges by their mode, the
-false-claim rate recomputed), and a dead member's live gauges leave the aggregate while
-its counts stay."""
+false-claim rate recomputed), a dead member's live gauges leave the aggregate while
+its counts stay, and the last member to leave removes the directory."""
 
 from __future__ import annotations
 
@@ -14,7 +14,12 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvcompass.services.router.group_metrics import MULTIPROC_ENV, GroupCollector, forget_process
+from kvcompass.services.router.group_metrics import (
+    MULTIPROC_ENV,
+    GroupCollector,
+    forget_process,
+    leave,
+)
 
 # One group member: its metrics, as the router's code sets them.
 _MEMBER = """
@@ -83,3 +88,30 @@ def test_a_dead_member_keeps_its_counts_and_loses_its_live_gauges(tmp_path: Path
     assert got[_REQUESTS] == 7
     assert got["kvc_router_index_live{}"] == 1
     assert got["kvc_router_index_age_seconds{}"] == 0.0
+
+
+def test_the_last_member_to_leave_removes_the_directory(tmp_path: Path) -> None:
+    directory = tmp_path / "group"
+    directory.mkdir()
+    primary = _member(directory, requests=1, claimed=0, reused=0, live=1, age=0.0)  # exited
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        first, last = sleeper.pid, os.getpid()  # two extras, both still running
+        for pid in (first, last):
+            (directory / f"counter_{pid}.db").touch()
+        assert not leave(str(directory), first), "the other extra still runs"
+        assert directory.is_dir()
+        # The first is still alive (draining), but it has left: the last one out removes.
+        assert leave(str(directory), last)
+        assert not directory.exists()
+        assert not leave(str(directory), primary)  # already gone: nothing to do
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_member_leaving_a_running_primary_keeps_the_directory(tmp_path: Path) -> None:
+    (tmp_path / f"counter_{os.getpid()}.db").touch()  # the primary: this process
+    extra = _member(tmp_path, requests=1, claimed=0, reused=0, live=1, age=0.0)
+    assert not leave(str(tmp_path), extra)
+    assert (tmp_path / f"counter_{os.getpid()}.db").exists()
