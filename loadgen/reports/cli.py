@@ -90,6 +90,12 @@ def _fig16(a: argparse.Namespace) -> Artefact:
     return run_fig12(a.out, quick=a.quick, jobs=a.jobs, scale="fig16", workloads=a.workloads)
 
 
+def _peak(a: argparse.Namespace) -> Artefact:
+    from kvcompass.loadgen.reports.peak import run_peak
+
+    return run_peak(a.out, quick=a.quick, jobs=a.jobs)
+
+
 def _table4(a: argparse.Namespace) -> Artefact:
     from kvcompass.loadgen.reports.table4 import run_table4
 
@@ -109,6 +115,7 @@ ARTEFACTS: dict[str, tuple[str, Maker]] = {
     "fig14": ("per-worker load-factor heatmaps with each scheme's peak (sim)", _fig14),
     "fig15": ("ablations: throughput with one mechanism off (sim)", _fig15),
     "fig16": ("Fig. 12 on sim-16region, 128 workers (sim)", _fig16),
+    "peak": ("peak load factor, KVCompass vs Oracle, on long runs (sim)", _peak),
     "table4": ("WAN jitter, update loss/delay, loss with resync (sim)", _table4),
 }
 
@@ -151,6 +158,7 @@ ALL_ORDER = (
     "fig14",
     "fig15",
     "fig16",
+    "peak",
     "table4",
     "table5",
 )

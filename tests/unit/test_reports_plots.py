@@ -16,7 +16,8 @@ from kvcompass.loadgen.reports.fig12 import run_fig12
 from kvcompass.loadgen.reports.fig13 import run_fig13
 from kvcompass.loadgen.reports.fig14 import peak_load_factor, run_fig14
 from kvcompass.loadgen.reports.fig15 import run_fig15
-from kvcompass.loadgen.reports.runs import load_run
+from kvcompass.loadgen.reports.peak import run_peak, tabulate
+from kvcompass.loadgen.reports.runs import Run, load_run
 from kvcompass.loadgen.reports.table4 import run_table4
 from kvcompass.loadgen.sim import LoadSample, SimRecord, SimResult
 from kvcompass.loadgen.sim.cell import Cell
@@ -76,6 +77,7 @@ Report = Callable[..., Artefact]
         (run_fig13, "fig13"),
         (run_fig14, "fig14"),
         (run_fig15, "fig15"),
+        (run_peak, "peak"),
         (run_table4, "table4"),
     ],
 )
@@ -153,3 +155,21 @@ def test_fig12_has_a_row_of_panels_per_workload_at_each_workloads_own_rates(
     assert all(art.meta["p99_ttft_over_kvcompass"].values())
     folders = {p.name.split("__")[0] for p in (tmp_path / "grid").iterdir() if p.is_dir()}
     assert folders == {"mixed", "wildchat", "lmsys"}
+
+
+def test_peak_report_averages_seeds_per_rate_and_flags_the_2_percent_target() -> None:
+    def run(peak: float) -> Run:
+        summary = {"peak_load_factor": peak, "ttft_p99_ms": 1.0, "throughput_req_per_s": 1.0}
+        return Run(summary, {}, {}, {})
+
+    ours = {(100.0, 0): 1.05, (100.0, 1): 1.07, (200.0, 0): 1.02, (200.0, 1): 1.03}
+    oracle = {(100.0, 0): 1.00, (100.0, 1): 1.00, (200.0, 0): 1.01, (200.0, 1): 1.01}
+    runs = {Cell("kvcompass", r, s): run(p) for (r, s), p in ours.items()}
+    runs |= {Cell("oracle", r, s): run(p) for (r, s), p in oracle.items()}
+    rows = {row["rate"]: row for row in tabulate(runs)}
+    assert rows[100.0]["kvcompass_peak"] == pytest.approx(1.06)
+    assert rows[100.0]["gap_pct"] == pytest.approx(6.0)
+    assert rows[100.0]["seeds"] == 2
+    assert not rows[100.0]["within_target"]
+    assert rows[200.0]["gap_pct"] == pytest.approx(100 * (1.025 / 1.01 - 1))
+    assert rows[200.0]["within_target"]
