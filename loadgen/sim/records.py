@@ -34,7 +34,10 @@ class SimRecord:
     DRAM), of which ``dram_tokens`` came from DRAM. Recomputed = prompt − reused.
     ``wan_ms``: the round trip paid (out and back); ``ttft_ms`` = lookup + WAN out +
     serving overhead + queue + reload + prefill + WAN back; ``e2e_ms`` up to the last
-    token back at the edge. ``overhead_ms``: ``SimConfig.serving_overhead_ms``."""
+    token back at the edge. ``overhead_ms``: ``SimConfig.serving_overhead_ms``.
+    ``expected_queue_ms``: the queue the policy's score expected at the chosen worker
+    when it decided (its estimate; NaN for a decision without candidates), to set
+    beside ``queue_ms``, the queue the request met."""
 
     request_id: str
     session: str
@@ -58,6 +61,7 @@ class SimRecord:
     e2e_ms: float
     reason: str
     overhead_ms: float = 0.0
+    expected_queue_ms: float = float("nan")
 
     @property
     def recomputed_tokens(self) -> int:
@@ -116,6 +120,10 @@ class SimResult:
             "reuse_share": sum(r.reused_tokens for r in recs) / max(prompt, 1),
             "cross_region_share": sum(r.worker_region != r.origin for r in recs) / len(recs),
             "peak_load_factor": peak,
+            # How far the queue a request met exceeded what the score expected, for
+            # requests served in their own region and for those sent to another.
+            "queue_underestimate_local_ms": _underestimate(recs, remote=False),
+            "queue_underestimate_remote_ms": _underestimate(recs, remote=True),
             "sim_requests_per_wall_s": len(recs) / max(self.wall_s, 1e-9),
         }
         return out | self.stats
@@ -129,6 +137,16 @@ class SimResult:
         summary = {"summary": self.summary(), "config": self.config}
         (path / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         return path
+
+
+def _underestimate(recs: Sequence[SimRecord], remote: bool) -> float:
+    """Mean of met − expected queue (ms) over the requests with an estimate; NaN if none."""
+    gaps = [
+        r.queue_ms - r.expected_queue_ms
+        for r in recs
+        if (r.worker_region != r.origin) == remote and r.expected_queue_ms == r.expected_queue_ms
+    ]
+    return float(np.mean(gaps)) if gaps else float("nan")
 
 
 def _write_csv(path: Path, kind: type, rows: Sequence[Any]) -> None:

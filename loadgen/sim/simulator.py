@@ -281,6 +281,7 @@ class Simulation:
                 (at + back_s - flight.arrival) * 1e3,
                 decision.reason,
                 self.config.serving_overhead_ms,
+                _expected_queue_ms(decision),
             )
         )
         # The last chunk carries the reuse report and the region's queues (piggybacked).
@@ -329,6 +330,14 @@ class Simulation:
         if self._progress is not None:
             self._progress(now)
         self.events.push(now + self.config.sample_every_s, self._sample)
+
+
+def _expected_queue_ms(decision: Decision) -> float:
+    """The queue term the policy scored for the worker it chose (NaN: it scored none)."""
+    for candidate in decision.candidates:
+        if candidate.worker == decision.worker:
+            return candidate.queue_ms
+    return math.nan
 
 
 @contextlib.contextmanager

@@ -3,12 +3,14 @@ seed fixes the run, and local-only routing never crosses the WAN."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import math
 from collections import Counter
 
 import pytest
 
-from kvcompass.loadgen.sim import SimConfig, simulate
+from kvcompass.loadgen.sim import SimConfig, SimResult, simulate
 from kvcompass.loadgen.sim.testing import shared_prefixes
 from kvcompass.loadgen.workloads import make_workload
 from kvcompass.routing import POLICY_NAMES, RoutingConfig
@@ -99,3 +101,30 @@ def test_the_summary_counts_migration_orders_and_the_ablation_stops_them() -> No
     )
     assert on.stats["migrations"] > 0
     assert off.stats["migrations"] == 0
+
+
+def test_records_carry_the_expected_queue_and_the_summary_its_shortfall() -> None:
+    result = simulate(SimConfig(TOY, policy="kvcompass", seed=3), REQUESTS)
+    expected = [r.expected_queue_ms for r in result.records]
+    assert all(math.isfinite(e) and e >= 0 for e in expected)
+    assert any(e > 0 for e in expected), "at 40 req/s the score expects some queueing"
+    # The summary: met − expected queue, averaged apart for home and away requests.
+    base = result.records[0]
+    recs = [
+        dataclasses.replace(
+            base, origin="a", worker_region="a", queue_ms=10.0, expected_queue_ms=4.0
+        ),
+        dataclasses.replace(
+            base, origin="a", worker_region="b", queue_ms=100.0, expected_queue_ms=20.0
+        ),
+        dataclasses.replace(
+            base, origin="b", worker_region="a", queue_ms=0.0, expected_queue_ms=0.0
+        ),
+        # A decision without candidates: no estimate, not counted.
+        dataclasses.replace(
+            base, origin="b", worker_region="a", queue_ms=50.0, expected_queue_ms=math.nan
+        ),
+    ]
+    summary = SimResult(recs, [], {}, 0.1).summary()
+    assert summary["queue_underestimate_local_ms"] == pytest.approx(6.0)
+    assert summary["queue_underestimate_remote_ms"] == pytest.approx(40.0)
