@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from kvcompass.loadgen.reports.cells import paper_cell, rates_of
 from kvcompass.loadgen.reports.common import Artefact
 from kvcompass.loadgen.reports.runs import Run
-from kvcompass.loadgen.reports.sweep import collect, mean_of
+from kvcompass.loadgen.reports.sweep import collect, rate_rows
 from kvcompass.loadgen.sim.cell import Cell, write_cell
 from kvcompass.loadgen.sim.grid import CellRunner
 
@@ -61,29 +61,28 @@ def cells(quick: bool) -> list[Cell]:
 
 def tabulate(runs: Mapping[Cell, Run]) -> list[dict[str, Any]]:
     """One row per rate: each scheme's summary averaged over the seeds, and the gap."""
-    by_rate: dict[float, dict[str, list[Run]]] = {}
-    for cell, run in runs.items():
-        by_rate.setdefault(cell.rate, {}).setdefault(cell.policy, []).append(run)
+    metrics = ("peak_load_factor", "ttft_p99_ms", "throughput_req_per_s")
+    by_rate: dict[float, dict[str, Mapping[str, Any]]] = {}
+    for row in rate_rows(runs, metrics):
+        by_rate.setdefault(row["rate"], {})[row["policy"]] = row
     (unit,) = rates_of(TOPOLOGY, [1.0])
     rows = []
-    for rate, groups in sorted(by_rate.items()):
-        ours, oracle = groups.get("kvcompass", []), groups.get("oracle", [])
-        kvc_peak = mean_of(ours, "peak_load_factor")
-        oracle_peak = mean_of(oracle, "peak_load_factor")
-        gap = 100 * (kvc_peak / oracle_peak - 1)
+    for rate, at in sorted(by_rate.items()):
+        ours, oracle = at["kvcompass"], at["oracle"]
+        gap = 100 * (ours["peak_load_factor"] / oracle["peak_load_factor"] - 1)
         rows.append(
             {
                 "load": round(rate / unit, 2),
                 "rate": rate,
-                "seeds": min(len(ours), len(oracle)),
-                "kvcompass_peak": kvc_peak,
-                "oracle_peak": oracle_peak,
+                "seeds": min(ours["seeds"], oracle["seeds"]),
+                "kvcompass_peak": ours["peak_load_factor"],
+                "oracle_peak": oracle["peak_load_factor"],
                 "gap_pct": gap,
                 "within_target": bool(gap <= TARGET_PCT),
-                "kvcompass_ttft_p99_ms": mean_of(ours, "ttft_p99_ms"),
-                "oracle_ttft_p99_ms": mean_of(oracle, "ttft_p99_ms"),
-                "kvcompass_req_per_s": mean_of(ours, "throughput_req_per_s"),
-                "oracle_req_per_s": mean_of(oracle, "throughput_req_per_s"),
+                "kvcompass_ttft_p99_ms": ours["ttft_p99_ms"],
+                "oracle_ttft_p99_ms": oracle["ttft_p99_ms"],
+                "kvcompass_req_per_s": ours["throughput_req_per_s"],
+                "oracle_req_per_s": oracle["throughput_req_per_s"],
             }
         )
     return rows

@@ -23,6 +23,8 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
+from kvcompass.services.infra.processes import is_running
+
 # prometheus_client's multiprocess module has no annotations: hence the ignores below.
 
 __all__ = ["MULTIPROC_ENV", "GroupCollector", "forget_process", "leave", "write_to"]
@@ -68,7 +70,7 @@ def leave(directory: str, me: int) -> bool:
             names = os.listdir(directory)
             left = {int(m[1]) for n in names if (m := _LEFT.fullmatch(n))}
             members = {int(m[1]) for n in names if (m := _FILE.fullmatch(n))}
-            if any(_running(pid) for pid in members - left):
+            if any(is_running(pid) for pid in members - left):
                 return False
             shutil.rmtree(directory, ignore_errors=True)
             return True
@@ -79,25 +81,6 @@ def leave(directory: str, me: int) -> bool:
 
 _FILE = re.compile(r".+_(\d+)\.db")  # prometheus_client's "<kind>_<pid>.db"
 _LEFT = re.compile(r"left_(\d+)")
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process reuses the pid: still running
-        return True
-    return not _zombie(pid)
-
-
-def _zombie(pid: int) -> bool:
-    """Exited but not reaped (an orphaned primary's parent may not have reaped it yet)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rpartition(")")[2].split()[0] == "Z"
-    except OSError:
-        return False
 
 
 class GroupCollector(Collector):

@@ -43,10 +43,9 @@ SCALE = 0.1
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     workdir = tmp_path_factory.mktemp("stack")
     topology_file = workdir / "testbed-3region-fingerprinted.toml"
-    text = resources.files("kvcompass").joinpath("topologies", "testbed-3region.toml")
-    topology_file.write_text(
-        text.read_text().replace("fingerprint_bits = 0 ", f"fingerprint_bits = {FINGERPRINT_BITS} ")
-    )
+    builtin = resources.files("kvcompass").joinpath("topologies", "testbed-3region.toml")
+    fingerprints = f"fingerprint_bits = {FINGERPRINT_BITS} "
+    topology_file.write_text(builtin.read_text().replace("fingerprint_bits = 0 ", fingerprints))
     fingerprinted = load_topology(topology_file)
     assert fingerprinted.index.fingerprint_bits == FINGERPRINT_BITS
     config = StackConfig(
