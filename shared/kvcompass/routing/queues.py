@@ -93,25 +93,34 @@ class QueueEstimates:
         piggyback = kind == "piggyback"
         # Every region's vector reaches every edge every 20 ms, so this loop is hot: the
         # lists are locals, and a worker with no work in flight has nothing to supersede.
+        # _set is written out below; ``not ms > 0.0`` clamps negatives and NaN to 0.
         n = self.n_workers
         sent_ns, source, reported = self._sent_ns, self._source, self._reported
         in_flight, pending = self._in_flight, self._pending
         reported_at, blocked = self._reported_at, self.blocked
+        values, zero_since = self.values, self._zero_since
         applied = 0
         for worker, ms in queues.queue_ms.items():
             if not 0 <= worker < n or sent <= sent_ns[worker]:
                 continue
-            ms = max(0.0, float(ms))
+            ms = float(ms)
+            if not ms > 0.0:
+                ms = 0.0
             if piggyback and source[worker] not in ("none", "down"):
                 ms = reported[worker] + w * (ms - reported[worker])
             reported[worker] = ms
             if in_flight[worker]:  # else pending is 0 (an invariant of add_pending)
                 self._supersede_pending(worker, sent)
+                ms += pending[worker]
             source[worker] = kind
             reported_at[worker] = now
             sent_ns[worker] = sent
             blocked[worker] = 0.0
-            self._set(worker, ms + pending[worker], now)
+            values[worker] = ms
+            if ms > 0.0:
+                zero_since[worker] = None
+            elif zero_since[worker] is None:
+                zero_since[worker] = now
             applied += 1
         return applied
 
