@@ -27,6 +27,11 @@ class MaintenanceMetrics:
             "Batches of a new worker incarnation (its sequence numbers start over).",
             registry=r,
         )
+        self.restart_cleared_keys = Counter(
+            "kvc_mu_restart_cleared_keys",
+            "Keys a worker's earlier runs held, cleared when a new incarnation appeared.",
+            registry=r,
+        )
         self.dead_letters = Counter(
             "kvc_mu_dead_letters",
             "Messages sent to the dead-letter topic, by reason (wire, event, sequence).",

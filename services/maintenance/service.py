@@ -433,6 +433,7 @@ class MaintenanceUnit:
         if owned is None or offset is None:
             return  # a message fetched just before a revocation
         owned.read = True
+        cleared = owned.writer.restart_cleared_keys
         try:
             batch = decode(message.value() or b"", KVEventBatch)
             admission = owned.writer.stage(batch, offset)  # written at the next flush
@@ -444,10 +445,15 @@ class MaintenanceUnit:
             self.metrics.duplicates.inc()
             return
         if admission is Admission.RESTART:
+            cleared = owned.writer.restart_cleared_keys - cleared
             owned.log.info(
-                "worker_restarted", worker=batch.worker_id, incarnation=batch.worker_incarnation
+                "worker_restarted",
+                worker=batch.worker_id,
+                incarnation=batch.worker_incarnation,
+                cleared_keys=cleared,
             )
             self.metrics.worker_restarts.inc()
+            self.metrics.restart_cleared_keys.inc(cleared)
         self.metrics.events_applied.labels(str(shard)).inc()
         self.metrics.keys_applied.inc(batch.n_keys)
         owned.pending_keys += batch.n_keys

@@ -162,6 +162,10 @@ class WorkerHost:
         asyncio.run(self._main(stop))
 
     async def _main(self, stop: threading.Event) -> None:
+        # Each node is a new incarnation with an empty cache: every shard drops what its
+        # earlier runs cached (a SIGKILLed worker never sent those evictions).
+        for node in self.nodes:
+            node.publisher.announce()
         servers = [
             _Server(
                 uvicorn.Config(

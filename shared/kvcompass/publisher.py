@@ -8,7 +8,10 @@ sequence number, which maintenance units use to drop redeliveries.
 
 A publisher is one *incarnation* of its worker: a random number picked at start, sent
 with every batch, with sequence numbers from 0. A restarted worker is a new incarnation,
-so its numbering starts over without relying on a clock that may step back.
+so its numbering starts over without relying on a clock that may step back, and a
+maintenance unit that meets a new incarnation drops everything the worker's earlier runs
+cached in that shard: a restarted engine's cache is empty. :meth:`EventPublisher.announce`
+tells every shard at start, not at the worker's first change there.
 """
 
 from __future__ import annotations
@@ -168,6 +171,15 @@ class EventPublisher:
         self._pending.clear()
         self._pending_keys = 0
         return dropped
+
+    def announce(self) -> list[KVEventBatch]:
+        """Send a batch to every shard (empty unless events are buffered for it): each
+        shard's maintenance unit learns of this incarnation now and drops what the
+        worker's earlier runs cached there. Call it when the worker starts; a shard
+        that never receives a change would otherwise keep those stale claims."""
+        for shard in range(self.n_shards):
+            self._pending.setdefault(shard, _Pending())
+        return self.flush()
 
     def flush(self) -> list[KVEventBatch]:
         """Send every buffered event: one batch per shard, in shard order."""

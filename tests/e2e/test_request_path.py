@@ -343,3 +343,12 @@ def test_a_killed_worker_is_routed_around(stack: LocalStack) -> None:
     down = {c["worker"]: c for c in route(stack, "us", prompt)["candidates"]}[victim]
     assert down["down"]
     assert down["queue_ms"] is None
+    # Its supervisor restarts it with an empty cache. It never sent the evictions, but
+    # the new incarnation announces itself to every shard and the index drops what the
+    # old one held: the edge stops matching the prefix on it.
+    stack.restart(f"workers-{victim}")
+
+    def forgotten() -> bool:
+        return victim not in matched(route(stack, "us", prompt))
+
+    poll_until(forgotten, 30, f"the index forgets what {victim} held before its restart")

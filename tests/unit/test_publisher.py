@@ -78,3 +78,23 @@ def test_without_a_transport_the_batches_are_returned_with_the_same_keys() -> No
     assert [b.shard for b in batches] == [shard for shard, _ in sent]
     pairs = {pair for b in batches for e in b.events for pair in e.keys}
     assert pairs == keys_sent(sent)
+
+
+
+def test_announce_sends_every_shard_one_batch_of_this_incarnation_in_sequence() -> None:
+    sent: list[tuple[int, bytes]] = []
+    buffered = EventPublisher(
+        WORKER, PLAN, OWN, 4, lambda shard, data: sent.append((shard, data)),
+        max_buffered_keys=1 << 20, incarnation=7, clock=ManualClock(),
+    )  # fmt: skip
+    buffered.admit(TOKENS)  # buffered: it goes out with the announcement
+    batches = buffered.announce()
+    assert [b.shard for b in batches] == [shard for shard, _ in sent] == [0, 1, 2, 3]
+    assert [b.worker_seq for b in batches] == [0, 1, 2, 3]
+    assert {b.worker_incarnation for b in batches} == {7}
+    unbuffered: list[tuple[int, bytes]] = []
+    publisher(unbuffered).admit(TOKENS)
+    assert keys_sent(sent) == keys_sent(unbuffered)
+    # Nothing buffered: every shard still gets a batch, an empty one.
+    again = buffered.announce()
+    assert [(b.shard, b.n_keys, b.worker_seq) for b in again] == [(s, 0, 4 + s) for s in range(4)]

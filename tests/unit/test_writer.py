@@ -334,6 +334,59 @@ def test_a_restarted_worker_starts_its_numbering_again() -> None:
     assert writer.sequences.current("us-0") == (424242, after[-1].worker_seq)
 
 
+
+def _held(writer: ShardWriter, worker: str) -> set[int]:
+    """Keys of the writer's shard that ``worker`` holds in any tier."""
+    table_id, field = writer.layout.slots[TOPOLOGY.worker(worker).index]
+    keys, values = writer.tables.tables[table_id].items()
+    return set(keys[((values >> np.uint64(2 * field)) & np.uint64(3)) != 0].tolist())
+
+
+def test_a_restarted_worker_s_earlier_cache_is_cleared_from_the_shard() -> None:
+    fleet, writer, reference = Fleet(), _writer(), _writer()
+    rng = np.random.default_rng(5)
+    shared, own = _prompt(rng), _prompt(rng)
+    fleet.publishers["us-0"].admit(shared, Tier.VRAM)
+    fleet.publishers["us-0"].admit(own, Tier.DRAM)
+    fleet.publishers["us-1"].admit(shared, Tier.VRAM)  # same region: the same table
+    batches = fleet.take(0)
+    offset = itertools.count()
+    for batch in batches:
+        at = next(offset)
+        reference.apply(batch, at)
+        writer.stage(batch, at)  # staged, not written: the clear must come after them
+    before0, before1 = _held(reference, "us-0"), _held(reference, "us-1")
+    assert before1
+    assert before0 > before1
+    # us-0 restarts (SIGKILLed: its evictions were never sent) and announces itself.
+    fleet.publishers["us-0"] = fleet.publisher("us-0", 424242)
+    fleet.publishers["us-0"].announce()
+    (hello,) = fleet.take(0)
+    assert hello.n_keys == 0
+    hello_at = next(offset)
+    assert writer.stage(hello, hello_at) is Admission.RESTART
+    writer.write_staged()
+    # A unit that takes over from a snapshot cut before the announcement replays it the
+    # same way: the snapshot's sequence table knows the old run.
+    reference.flush(Store().persist)
+    reference.delivered(0, 10)
+    restored, _ = _take_over(reference.snapshot(), stream_end=hello_at)
+    assert restored.apply(hello, hello_at) is Admission.RESTART
+    assert _held(restored, "us-0") == set()
+    assert _held(restored, "us-1") == before1
+    assert _held(writer, "us-0") == set()
+    assert _held(writer, "us-1") == before1
+    for key in before1:
+        assert writer.tables.tier(key, TOPOLOGY.worker("us-1").index) is Tier.VRAM
+    # Keys nobody else held are gone from the table.
+    assert writer.tables.count == reference.tables.count - len(before0 - before1)
+    assert writer.restart_cleared_keys == len(before0)
+    # What the new run caches is indexed as usual.
+    fleet.publishers["us-0"].admit(own, Tier.VRAM)
+    for batch in fleet.take(0):
+        assert writer.apply(batch, next(offset)) is Admission.APPLY
+    assert _held(writer, "us-0") == before0 - before1
+
 def test_a_batch_is_one_write_of_every_key_in_event_order(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

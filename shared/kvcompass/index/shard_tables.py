@@ -96,6 +96,20 @@ class ShardTables:
         bits = np.full(len(k), int(tier) << shift, dtype=np.uint64)
         self.write_columns(table_id, k, clear, bits)
 
+    def clear_worker(self, worker: int) -> int:
+        """Record that ``worker`` holds nothing any more: its tier field is cleared in
+        every key of its table (keys no other worker holds are removed). Returns how
+        many keys it held. Writes are staged like :meth:`set_tier`'s."""
+        if not 0 <= worker < self.layout.n_workers:
+            raise BadInput(f"worker {worker} is outside 0..{self.layout.n_workers - 1}")
+        table_id, field = self.layout.slots[worker]
+        keys, values = self._tables[table_id].items()
+        shift = np.uint64(field << 1)
+        held = keys[((values >> shift) & np.uint64(3)) != 0]
+        clear = np.full(len(held), 3 << (field << 1), dtype=np.uint64)
+        self.write_columns(table_id, held, clear, np.zeros_like(clear), shard_checked=True)
+        return len(held)
+
     def write_columns(
         self,
         table_id: int,

@@ -115,6 +115,8 @@ class ShardWriter:
         self.applied_keys = 0
         self.duplicates = 0
         self.restarts = 0
+        #: Keys that worker restarts cleared (what the earlier runs had cached).
+        self.restart_cleared_keys = 0
 
     def _empty_tables(self) -> ShardTables:
         return ShardTables(
@@ -256,6 +258,13 @@ class ShardWriter:
         if admission is Admission.DUPLICATE:
             self.duplicates += 1
             return admission
+        if admission is Admission.RESTART:
+            # A new run of a worker starts with an empty cache: what its earlier runs
+            # cached, and any eviction of theirs the log lost, must not outlive them.
+            # Their staged writes land first; the clear is a function of the log, so a
+            # replay from a snapshot clears the same keys.
+            self.write_staged()
+            self.restart_cleared_keys += self.tables.clear_worker(self._workers[batch.worker_id][0])
         keys = batch.key_array
         if len(keys):
             shift = 2 * field
