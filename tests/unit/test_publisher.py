@@ -80,7 +80,6 @@ def test_without_a_transport_the_batches_are_returned_with_the_same_keys() -> No
     assert pairs == keys_sent(sent)
 
 
-
 def test_announce_sends_every_shard_one_batch_of_this_incarnation_in_sequence() -> None:
     sent: list[tuple[int, bytes]] = []
     buffered = EventPublisher(

@@ -334,7 +334,6 @@ def test_a_restarted_worker_starts_its_numbering_again() -> None:
     assert writer.sequences.current("us-0") == (424242, after[-1].worker_seq)
 
 
-
 def _held(writer: ShardWriter, worker: str) -> set[int]:
     """Keys of the writer's shard that ``worker`` holds in any tier."""
     table_id, field = writer.layout.slots[TOPOLOGY.worker(worker).index]
@@ -386,6 +385,7 @@ def test_a_restarted_worker_s_earlier_cache_is_cleared_from_the_shard() -> None:
     for batch in fleet.take(0):
         assert writer.apply(batch, next(offset)) is Admission.APPLY
     assert _held(writer, "us-0") == before0 - before1
+
 
 def test_a_batch_is_one_write_of_every_key_in_event_order(
     monkeypatch: pytest.MonkeyPatch,
