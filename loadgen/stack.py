@@ -77,6 +77,7 @@ class _Component:
     log_path: Path
     ready: Callable[[], bool]
     popen: subprocess.Popen[bytes] | None = None
+    status_port: int | None = None  # its /metrics, /healthz and /readyz
 
 
 class LocalStack:
@@ -166,6 +167,11 @@ class LocalStack:
                 raise RuntimeError(f"{name} is running: kill it first")
         comp.popen = None
         self._launch(comp, wait=wait)
+
+    def metric(self, name: str, sample: str) -> float | None:
+        """An unlabelled sample on a running component's /metrics (None: absent)."""
+        port = self._components[name].status_port
+        return None if port is None else read_metric(port, sample)
 
     def exited(self) -> list[str]:
         """Components whose process has ended (not counting killed ones)."""
@@ -269,6 +275,7 @@ class LocalStack:
             env,
             self.logs / f"{name}.log",
             lambda: ready(port),
+            status_port=port,
         )
 
     def _mu(self) -> _Component:

@@ -21,7 +21,7 @@ from typing import Any
 
 import structlog
 import uvicorn
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, Message, Producer
 from prometheus_client import CollectorRegistry
 
 from kvcompass.errors import ConfigError
@@ -81,6 +81,10 @@ class WorkerHost:
         self.nodes: list[WorkerNode] = []
         self._reporters: dict[str, QueueReporter] = {}
         self._seq: dict[str, int] = {}
+        # Per (topic, partition): the last offset the broker acknowledged. Offsets only
+        # grow in a log, so one at or below it means the broker lost the log.
+        self._acked: dict[tuple[str, int], int] = {}
+        self._log_lost = False
 
     def __enter__(self) -> WorkerHost:
         try:
@@ -221,8 +225,32 @@ class WorkerHost:
     async def _poll_producer(self) -> None:
         producer = self._opened()
         while True:
-            producer.poll(0)
+            producer.poll(0)  # runs _acknowledged for what was delivered
+            if self._log_lost:
+                self._log_lost = False
+                self._reannounce()
             await asyncio.sleep(_POLL_S)
+
+    def _acknowledged(self, error: KafkaError | None, message: Message) -> None:
+        """A delivery report: notes the offset, and a log the broker no longer has."""
+        offset, partition = message.offset(), message.partition()
+        if error is not None or offset is None or offset < 0 or partition is None:
+            return
+        topic = message.topic() or ""
+        if topic == self.settings.topic_events:
+            self.metrics.events_acked.inc()
+        key = (topic, partition)
+        if offset <= self._acked.get(key, -1):
+            self._log_lost = True
+        self._acked[key] = offset
+
+    def _reannounce(self) -> None:
+        """The broker came back without its log: events it had acknowledged are gone,
+        and with them perhaps changes the index never applied. Every node tells the
+        index its cache's whole state again, as a new incarnation."""
+        sent = {node.worker.id: node.reannounce() for node in self.nodes}
+        self.metrics.reannouncements.inc()
+        self.log.warning("broker_log_lost_state_reannounced", prefixes=sent)
 
     async def _send_queues(self) -> None:
         """Each region's vector every local period; the routing core's QueueReporter
@@ -232,7 +260,12 @@ class WorkerHost:
             for region, reporter in self._reporters.items():
                 to = reporter.destinations()
                 vector = self._vector(region, to)
-                producer.produce(self.settings.topic_queues, encode(vector), partition=0)
+                producer.produce(
+                    self.settings.topic_queues,
+                    encode(vector),
+                    partition=0,
+                    on_delivery=self._acknowledged,
+                )
                 self.metrics.queue_vectors.labels(region).inc()
             await asyncio.sleep(self.settings.queue_local_period_s)
 
@@ -262,7 +295,9 @@ class WorkerHost:
     # -- events ------------------------------------------------------------------------
 
     def _send_events(self, shard: int, data: bytes) -> None:
-        self._opened().produce(self.settings.topic_events, data, partition=shard)
+        self._opened().produce(
+            self.settings.topic_events, data, partition=shard, on_delivery=self._acknowledged
+        )
 
     async def _deliver(self) -> None:
         """Wait (off the loop) until the producer delivered what it holds."""

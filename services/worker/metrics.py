@@ -50,6 +50,17 @@ class WorkerMetrics:
             "kvc_worker_migrations", "Migrations accepted, by mode.", ["worker", "mode"],
             registry=registry,
         )  # fmt: skip
+        self.events_acked = Counter(
+            "kvc_worker_event_batches_acked",
+            "Event batches the broker acknowledged (all workers of the process).",
+            registry=registry,
+        )
+        self.reannouncements = Counter(
+            "kvc_worker_reannouncements",
+            "Times the broker came back without its log and every worker of the process "
+            "sent its cache's whole state again.",
+            registry=registry,
+        )
         self.queue_vectors = Counter(
             "kvc_worker_queue_vectors", "Queue vectors sent on kvc.queues, by region.",
             ["region"], registry=registry,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator
 
@@ -73,7 +74,8 @@ class WorkerNode:
         self.worker = worker
         self.clock = clock
         self.metrics = metrics
-        self.publisher = EventPublisher(
+        self._new_publisher = functools.partial(
+            EventPublisher,
             worker,
             plan,
             Namespace(topology.model.name),
@@ -82,6 +84,7 @@ class WorkerNode:
             max_buffered_keys=_BUFFER_KEYS,
             clock=clock,
         )
+        self.publisher = self._new_publisher()
         cache = PrefixCache.for_worker(topology, worker, policy, self._on_change)
         self.engine = EmulatedEngine(cache, CostModel.for_worker(topology, worker), clock)
         self._waiting: dict[int, asyncio.Queue[Emitted | None]] = {}
@@ -130,6 +133,22 @@ class WorkerNode:
             self.publisher.flush()
         else:
             self.publisher.discard()
+
+    def reannounce(self) -> int:
+        """Tell the index the cache's whole state as a new incarnation; returns the
+        prefixes sent. For when the broker lost its log: events it had acknowledged may
+        never reach a maintenance unit, so the index cannot be trusted to hold what this
+        worker told it. The new incarnation's announcement makes every shard drop what
+        the earlier ones said; what follows is what the cache holds now."""
+        self.publisher.discard()  # superseded by the state below
+        self.publisher = self._new_publisher()
+        self.publisher.announce()
+        sent = 0
+        for change in self.engine.cache.held():
+            self._on_change(change)
+            sent += 1
+        self.publisher.flush()
+        return sent
 
     def queue_ms(self) -> float:
         return self.engine.queue_ms()

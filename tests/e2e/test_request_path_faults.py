@@ -253,3 +253,40 @@ def test_broker_gone_and_back_requests_are_answered_and_the_index_converges(
     # shards from newer snapshots (which a request could meet reloading: "stale").
     assert headers["x-kvc-index"] == "live"
     assert stack.exited() == []
+
+
+def test_events_the_broker_acknowledged_then_lost_are_sent_again_by_their_workers(
+    stack: LocalStack,
+) -> None:
+    assert stack.infra is not None
+    # No MU reads the log, so a change the broker acknowledges now exists only there.
+    stack.kill("mu")
+    acked = "kvc_worker_event_batches_acked_total"
+    before = stack.metric("workers-us", acked) or 0.0
+    lost = _prompt(4_096, seed=8)
+    headers = complete(stack, "us", lost)
+    holder = headers["x-kvc-worker"]
+    assert headers["x-kvc-region"] == "us"
+    poll_until(
+        lambda: (stack.metric("workers-us", acked) or 0.0) > before,
+        20,
+        "the broker acknowledging the holder's events",
+        interval=0.05,
+    )
+    # The memory broker restarts empty: the acknowledged events are gone with its log.
+    stack.infra.kill("kafka")
+    stack.infra.restart("kafka")
+    stack.restart("mu")
+
+    def recovered() -> bool:
+        for name in stack.exited():
+            assert name.startswith("edge-"), f"{name} exited"
+            stack.restart(name)
+        return all(views_live(stack, r) for r in ("us", "eu", "asia"))
+
+    poll_until(recovered, 90, "every edge live again")
+    # Only the worker hosts know: their deliveries went to offsets they had already
+    # seen acknowledged, so each sent its whole cache again as a new incarnation.
+    wait_indexed(stack, "us", lost, holder)
+    assert (stack.metric("workers-us", "kvc_worker_reannouncements_total") or 0.0) >= 1
+    assert stack.exited() == []

@@ -215,3 +215,31 @@ def _held(
                     held[ns, tokens] = c.match(ns, list(tokens)).tier
                 stack.append((child, tokens))
     return held
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu", "fifo"])
+def test_held_is_the_state_the_reported_changes_add_up_to(policy: str) -> None:
+    c, changes = cache(vram=6, dram=5, lengths=(4, 8, 12), policy=policy)
+    rng = random.Random(3)
+    tenants = [NS, Namespace("m", "other")]
+    state: dict[tuple[Namespace, bytes], Tier] = {}
+    for _ in range(300):
+        tokens = prompt(*(rng.randrange(4) for _ in range(rng.randrange(1, 5))))
+        namespace = rng.choice(tenants)
+        (c.load if rng.random() < 0.3 else c.use)(namespace, tokens)
+        for change in changes:  # the index's view, from the changes alone
+            for length in change.lengths:
+                key = (change.namespace, change.tokens[:length].tobytes())
+                if change.kind is EventKind.EVICT:
+                    del state[key]
+                else:
+                    state[key] = change.tier
+        changes.clear()
+        held = {}
+        for change in c.held():
+            assert change.kind is EventKind.ADMIT
+            (length,) = change.lengths
+            assert len(change.tokens) == length
+            held[(change.namespace, change.tokens.tobytes())] = change.tier
+        assert held == state
+    assert set(state.values()) == {Tier.VRAM, Tier.DRAM}

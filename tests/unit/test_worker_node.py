@@ -72,3 +72,39 @@ def test_reset_ends_a_waiting_request_and_sends_the_evicts() -> None:
         e.kind for _, data in sent if isinstance(b := decode(data), KVEventBatch) for e in b.events
     ]
     assert EventKind.EVICT in kinds
+
+
+def test_reannounce_is_a_new_incarnation_that_sends_the_whole_cache() -> None:
+    sent: list[tuple[int, bytes]] = []
+    worker = node(sent, scale=0.01)
+    cache = worker.engine.cache
+    for seed in range(3):
+        cache.use(NS, np.random.default_rng(seed).integers(0, 1000, 3000, dtype=np.uint32))
+    cache.load(NS, np.random.default_rng(9).integers(0, 1000, 2000, dtype=np.uint32))
+    worker.publisher.flush()
+    before = [decode(data, KVEventBatch) for _, data in sent]
+    old = worker.publisher.incarnation
+    sent.clear()
+    assert worker.reannounce() == len(list(cache.held()))
+    batches = [decode(data, KVEventBatch) for _, data in sent]
+    # First an empty batch to each shard (every shard drops the old incarnation's
+    # claims), then the state; one numbering, from 0, of one new incarnation.
+    assert [(b.shard, b.n_keys) for b in batches[:4]] == [(s, 0) for s in range(4)]
+    (new,) = {b.worker_incarnation for b in batches}
+    assert new != old
+    assert [b.worker_seq for b in batches] == list(range(len(batches)))
+
+    def keys(batches: list[KVEventBatch], kind: EventKind) -> set[tuple[int, int, int]]:
+        return {
+            (length, key, int(e.tier))
+            for b in batches
+            for e in b.events
+            if e.kind is kind
+            for length, key in e.keys
+        }
+
+    assert keys(batches, EventKind.ADMIT) == keys(before, EventKind.ADMIT)
+    assert {int(e.tier) for b in batches[4:] for e in b.events} == {
+        1,
+        2,
+    }

@@ -206,6 +206,17 @@ class PrefixCache:
     def blocks(self, tier: Tier) -> int:
         return self.used[tier]
 
+    def held(self) -> Iterator[PrefixChange]:
+        """The whole state as ADMIT changes: every held prefix at a registration length,
+        in its tier (for a worker that must tell the index everything again)."""
+        registered, block = self._registered_depths, self.block_size
+        for namespace, root in self._roots.items():
+            for node in _subtree(root):
+                if node.depth in registered:
+                    tokens = np.frombuffer(node.path_data(), dtype=_TOKEN)
+                    length = (node.depth * block,)
+                    yield PrefixChange(namespace, EventKind.ADMIT, node.tier, tokens, length)
+
     # -- changing --------------------------------------------------------------------
 
     def use(self, namespace: Namespace, tokens: TokenIds) -> CacheMatch:
