@@ -7,9 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from kvcompass.index import LudoTable, LudoView
+from kvcompass.index import LudoTable, LudoView, probe
 from kvcompass.index.image import ImageHeader, layout_of
-from kvcompass.shm import probe
 
 
 def _table(value_bits: int, fp_bits: int, seed: int = 3) -> tuple[LudoTable, list[int]]:

@@ -81,7 +81,7 @@ class MatchDecoder:
     """Table values to per-worker matches, as the in-process view decodes them.
 
     :meth:`decode` asks ``value_of(table id, key)`` for each lookup a query needs. The
-    shared-memory reader decodes the same way in compiled code (``kvcompass.shm.probe``;
+    shared-memory reader decodes the same way in compiled code (``kvcompass.index.probe``;
     tests check the two agree).
     """
 

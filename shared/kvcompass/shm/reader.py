@@ -15,13 +15,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvcompass.errors import BadInput, ConfigError
+from kvcompass.index import probe
 from kvcompass.index.discovery import Match, MultiLevelQuery
 from kvcompass.index.errors import SnapshotError
 from kvcompass.index.image import ImageHeader, layout_of
 from kvcompass.index.layout import IndexLayout
 from kvcompass.index.reader import IndexNotReady
 from kvcompass.index.view import LudoView
-from kvcompass.shm import probe
 from kvcompass.shm.lifetime import LivenessProbe
 from kvcompass.shm.segments import (
     EPOCH,
