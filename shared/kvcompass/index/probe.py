@@ -1,16 +1,19 @@
-"""The router's match over mapped tables, compiled: every probe of a query in one call.
+"""The index's match, compiled: every probe of a query in one call.
 
 In Python a view lookup costs four 64-bit mixes on big integers (about a microsecond),
 and a 4K-token prompt probes 8 (testbed-3region) to 70 (sim-16region) keys, each in a
 table of its own shard, then decodes the holders. This kernel does all of it in one
 numba call over a descriptor table: per (shard, table) row, the addresses of the
-table's arrays inside the reader's own mapping of its segment, and its geometry. The
-reader rebuilds a row whenever it maps a table again, and runs the kernel only inside
-a read section, after checking that every row is current; a mapping stays valid until
-the reader itself closes it, even after the writer unlinks the segment.
+table's arrays, and its geometry. Both readers use it. The shared-memory reader
+describes its own mapping of each segment, rebuilds a row whenever it maps a table
+again, and runs the kernel only inside a read section, after checking that every row
+is current; a mapping stays valid until the reader itself closes it, even after the
+writer unlinks the segment. The in-process :class:`~kvcompass.index.discovery.DiscoveryView`
+takes each view's own row (:attr:`~kvcompass.index.view.LudoView.descriptor`), current
+for as long as that view keeps its buffer.
 
 The lookup is :meth:`kvcompass.index.view.LudoView.lookup` step for step (a unit test
-checks the two agree), the decoding :meth:`kvcompass.index.discovery.MatchDecoder.decode`.
+checks the two agree); a later nonzero tier field of a worker overwrites an earlier one.
 """
 
 from __future__ import annotations
