@@ -342,6 +342,9 @@ def run_testbed_scenario(scenario: Scenario, exact: bool) -> None:
                     query = MultiLevelQuery.for_prompt(tokens[:cut], edge, scenario.plan, NS)
                     got = scenario.view.match(query)
                     assert got == fresh.match(query)
+                    # A planner's query takes the readers' per-plan rows; as a plain
+                    # mapping it takes the general path: the two must agree.
+                    assert got == scenario.view.match(MultiLevelQuery(dict(query.per_region)))
                     want = scenario.expected(query)
                     if exact:
                         assert got == want, (edge, cut)

@@ -12,7 +12,7 @@ every shard in this process; it and the shared-memory reader are the two
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,26 +70,71 @@ class QueryPlanner:
     def __init__(self, plan: LevelPlan, edge_region: str, namespace: Namespace) -> None:
         self.edge_region = edge_region
         self.namespace = namespace
-        self._targets = tuple(plan.queries_from(edge_region).items())
         self._hasher = PrefixHasher(plan.all_query_lengths(edge_region), namespace, plan.key_hash)
+        at = {c: i for i, c in enumerate(self._hasher.lengths)}
+        self._shape = _Shape(
+            tuple(
+                (region, tuple((c, at[c]) for c in lengths if c in at))
+                for region, lengths in plan.queries_from(edge_region).items()
+            )
+        )
 
     def query(self, tokens: TokenIds) -> MultiLevelQuery:
-        keys = self._hasher.keys(tokens)
-        return MultiLevelQuery(
-            {
-                region: [(n, keys[n]) for n in lengths if n in keys]
-                for region, lengths in self._targets
-            }
-        )
+        return MultiLevelQuery(_PlannedRegions(self._shape, self._hasher.key_list(tokens)))
+
+
+class _Shape:
+    """Per target region of a planner, its query lengths and where their keys sit in the
+    planner's key list. Equal for equal plans, so that a reader keeps one set of probe
+    rows per plan (:class:`MatchProbes`), whichever of its planners asks."""
+
+    __slots__ = ("_hash", "_key", "regions")
+
+    def __init__(self, regions: tuple[tuple[str, tuple[tuple[int, int], ...]], ...]) -> None:
+        self.regions = dict(regions)
+        self._key = regions
+        self._hash = hash(regions)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, _Shape) and self._key == other._key)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
+class _PlannedRegions(Mapping[str, list[tuple[int, int]]]):
+    """A planner's ``per_region``, each region's pairs built when asked for: the readers
+    take the key list as it is, and the policy reads one region, if any."""
+
+    __slots__ = ("key_list", "shape")
+
+    def __init__(self, shape: _Shape, key_list: list[int]) -> None:
+        self.shape = shape
+        self.key_list = key_list  # at the first len(key_list) of the planner's lengths
+
+    def __getitem__(self, region: str) -> list[tuple[int, int]]:
+        keys = self.key_list
+        n = len(keys)
+        return [(c, keys[i]) for c, i in self.shape.regions[region] if i < n]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.shape.regions)
+
+    def __len__(self) -> int:
+        return len(self.shape.regions)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
 
 
 class MatchProbes:
-    """A layout's lookups of a query as rows for the compiled match.
+    """A layout's lookups of a query as input for the compiled match.
 
-    :meth:`rows` lists (key, table id, length) per table of each region the query names,
-    by ascending length, so that :func:`kvcompass.index.probe.match_probes` lets a longer
-    match overwrite a shorter one; ``workers`` maps its table fields to global workers.
-    Both readers, the in-process view and the shared-memory one, probe through it.
+    :meth:`rows` gives the query's keys and (key index, table id, length) rows per table
+    of each region the query names, by ascending length, so that
+    :func:`kvcompass.index.probe.match_probes` lets a longer match overwrite a shorter
+    one; ``workers`` maps its table fields to global workers. Both readers, the
+    in-process view and the shared-memory one, probe through it.
     """
 
     def __init__(self, layout: IndexLayout) -> None:
@@ -99,18 +144,36 @@ class MatchProbes:
             region: tuple(t.table_id for t in layout.tables_of(region))
             for region in dict.fromkeys(t.region for t in layout.tables)
         }
+        self._planned: dict[_Shape, NDArray[np.int64]] = {}
 
-    def rows(self, query: MultiLevelQuery) -> NDArray[np.int64]:
-        flat: list[int] = []  # keys are 63-bit, so int64
+    def rows(self, query: MultiLevelQuery) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """The query's keys (63-bit, so int64) and its probe rows."""
+        regions = query.per_region
+        if isinstance(regions, _PlannedRegions):
+            # A planner's rows cover all its lengths (the kernel skips those past the
+            # prompt's keys): built once per plan, not per request.
+            probes = self._planned.get(regions.shape)
+            if probes is None:
+                probes = self._planned[regions.shape] = self._rows(regions.shape.regions)
+            return np.array(regions.key_list, np.int64), probes
+        keys: list[int] = []
+        indexed: dict[str, list[tuple[int, int]]] = {}
+        for region, pairs in regions.items():
+            indexed[region] = [(c, i) for i, (c, _) in enumerate(pairs, len(keys))]
+            keys += [key for _, key in pairs]
+        return np.array(keys, np.int64), self._rows(indexed)
+
+    def _rows(self, regions: Mapping[str, Sequence[tuple[int, int]]]) -> NDArray[np.int64]:
+        flat: list[int] = []
         extend = flat.extend
         region_tables = self._region_tables
-        for region, pairs in query.per_region.items():
+        for region, pairs in regions.items():
             tables = region_tables.get(region)
             if tables is None:
                 raise BadInput(f"query names region {region!r}, not one of this index")
             for table in tables:
-                for length, key in pairs:
-                    extend((key, table, length))
+                for length, at in pairs:
+                    extend((at, table, length))
         return np.array(flat, dtype=np.int64).reshape(-1, 3)
 
 
@@ -166,7 +229,7 @@ class DiscoveryView:
         probe.match_probes(
             self._desc,
             self._probes.n_tables,
-            self._probes.rows(query),
+            *self._probes.rows(query),
             self._probes.workers,
             self._lengths,
             self._tiers,

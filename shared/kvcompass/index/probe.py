@@ -125,15 +125,18 @@ def _lookup(d: NDArray[np.uint64], key: np.uint64) -> np.uint64:
 def match_probes(
     desc: NDArray[np.uint64],
     n_tables: int,
+    keys: NDArray[np.int64],
     probes: NDArray[np.int64],
     workers: NDArray[np.int64],
     lengths: NDArray[np.int64],
     tiers: NDArray[np.int64],
     touched: NDArray[np.uint8],
 ) -> None:
-    """Probe (key, table id, length) rows in order: a later nonzero field of a worker
-    overwrites an earlier one, so give each table's probes by ascending length.
+    """Probe (key index, table id, length) rows in order: a later nonzero field of a
+    worker overwrites an earlier one, so give each table's probes by ascending length.
 
+    A row whose key index is past the end of ``keys`` is skipped: an edge's rows cover
+    its every query length, and a prompt has keys only up to its own length.
     ``workers[table, field]`` is the global worker index of a field; ``lengths`` and
     ``tiers`` (one per worker) and ``touched`` (one per shard) are zeroed first.
     """
@@ -141,8 +144,12 @@ def match_probes(
     tiers[:] = 0
     touched[:] = 0
     n_shards = np.uint64(len(desc) // n_tables)
+    n_keys = len(keys)
     for i in range(len(probes)):
-        key = np.uint64(probes[i, 0])
+        at = probes[i, 0]
+        if at >= n_keys:
+            continue
+        key = np.uint64(keys[at])
         table = probes[i, 1]
         shard = np.int64(_mix64(key ^ _SALT) % n_shards)
         touched[shard] = 1
@@ -187,6 +194,7 @@ def warm_up() -> None:
     match_probes(
         np.zeros((1, N_COLUMNS), np.uint64),
         1,
+        np.zeros(0, np.int64),
         np.zeros((0, 3), np.int64),
         table_workers([(0,)]),
         empty,

@@ -186,6 +186,7 @@ class _Attachment:
 
     def match_probes(
         self,
+        keys: NDArray[np.int64],
         probes: NDArray[np.int64],
         workers: NDArray[np.int64],
         out: tuple[NDArray[np.int64], NDArray[np.int64]],
@@ -199,17 +200,17 @@ class _Attachment:
         before = self._seqlocks.tolist()
         for lock in before:
             if lock & 1:
-                self._stable_match(probes, workers, out)
+                self._stable_match(keys, probes, workers, out)
                 break
         else:
             if self._shard_versions.tolist() == self._versions:
                 probe.match_probes(
-                    self._desc, self.n_tables, probes, workers, lengths, tiers, self._touched
+                    self._desc, self.n_tables, keys, probes, workers, lengths, tiers, self._touched
                 )
                 if self._seqlocks.tolist() != before:
-                    self._stable_match(probes, workers, out)
+                    self._stable_match(keys, probes, workers, out)
             else:
-                self._stable_match(probes, workers, out)
+                self._stable_match(keys, probes, workers, out)
         if stale_ok:
             return
         readies = self._readies.tolist()
@@ -220,6 +221,7 @@ class _Attachment:
 
     def _stable_match(
         self,
+        keys: NDArray[np.int64],
         probes: NDArray[np.int64],
         workers: NDArray[np.int64],
         out: tuple[NDArray[np.int64], NDArray[np.int64]],
@@ -231,7 +233,9 @@ class _Attachment:
             for shard, record in enumerate(records):
                 if record[VERSION] != versions[shard]:
                     self._refresh(shard)  # every descriptor row current
-            probe.match_probes(self._desc, self.n_tables, probes, workers, lengths, tiers, touched)
+            probe.match_probes(
+                self._desc, self.n_tables, keys, probes, workers, lengths, tiers, touched
+            )
 
         self._stable(range(self.n_shards), read)
 
@@ -399,7 +403,7 @@ class SharedIndexReader:
             raise ConfigError("SharedIndexReader needs the index layout to match queries")
         att = self._att if time.monotonic() < self._alive_until else self._live()
         att.match_probes(
-            self._probes.rows(query),
+            *self._probes.rows(query),
             self._probes.workers,
             (self._lengths, self._tiers),
             stale_ok,
