@@ -11,6 +11,7 @@ every shard in this process; it and the shared-memory reader are the two
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -72,7 +73,7 @@ class QueryPlanner:
         self.namespace = namespace
         self._hasher = PrefixHasher(plan.all_query_lengths(edge_region), namespace, plan.key_hash)
         at = {c: i for i, c in enumerate(self._hasher.lengths)}
-        self._shape = _Shape(
+        self._shape = _shape(
             tuple(
                 (region, tuple((c, at[c]) for c in lengths if c in at))
                 for region, lengths in plan.queries_from(edge_region).items()
@@ -100,6 +101,13 @@ class _Shape:
 
     def __hash__(self) -> int:
         return self._hash
+
+
+@functools.lru_cache(maxsize=256)
+def _shape(regions: tuple[tuple[str, tuple[tuple[int, int], ...]], ...]) -> _Shape:
+    """One shape object per plan, shared by its planners (one per namespace): a reader
+    then finds the plan's rows by identity, not by comparing every length."""
+    return _Shape(regions)
 
 
 class _PlannedRegions(Mapping[str, list[tuple[int, int]]]):
