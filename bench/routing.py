@@ -11,7 +11,8 @@ side (interleaved, so the shared machine's noise hits all alike):
 
 - ``keys``: the edge's keys at every query length (``QueryPlanner.query``);
 - ``shm_match``: keys + ``SharedIndexReader.match``, the router's lookup;
-- ``view_match``: keys + the in-process ``DiscoveryView.match`` (the baseline);
+- ``view_match``: keys + the in-process ``DiscoveryView.match`` (the same compiled
+  match without the shared-memory read section);
 - ``decision``: the routing core's ``decide`` over that reader (``make_policy
   ("kvcompass", ...)``, default config, idle queues): keys, match, joint score over
   every worker, ranking, migration check.

@@ -170,7 +170,7 @@ class PrefixHasher:
     """Keys of prompts at fixed lengths in one namespace: checked once, then per prompt.
 
     The request path (an edge's :class:`~kvcompass.index.discovery.QueryPlanner`, a
-    worker's publisher) builds one and calls :meth:`keys` per prompt.
+    worker's publisher) builds one and calls :meth:`keys` or :meth:`key_list` per prompt.
     """
 
     def __init__(
@@ -193,6 +193,10 @@ class PrefixHasher:
         Lengths beyond the prompt are skipped (the prompt has no such prefix). The result
         is ordered by ascending length.
         """
+        return dict(zip(self.lengths, self.key_list(tokens), strict=False))
+
+    def key_list(self, tokens: TokenIds) -> list[int]:
+        """The values of :meth:`keys`: the keys at the first ``len(result)`` lengths."""
         data = _token_bytes(tokens, self._longest)
         if type(data) is not memoryview:
             data = memoryview(data)
@@ -208,7 +212,7 @@ class PrefixHasher:
             update(data[done:end])
             append(digest())
             done = end
-        return dict(zip(self.lengths, self._keys_of(digests), strict=False))
+        return self._keys_of(digests)
 
 
 def prefix_keys(

@@ -342,6 +342,9 @@ def run_testbed_scenario(scenario: Scenario, exact: bool) -> None:
                     query = MultiLevelQuery.for_prompt(tokens[:cut], edge, scenario.plan, NS)
                     got = scenario.view.match(query)
                     assert got == fresh.match(query)
+                    # A planner's query takes the readers' per-plan rows; as a plain
+                    # mapping it takes the general path: the two must agree.
+                    assert got == scenario.view.match(MultiLevelQuery(dict(query.per_region)))
                     want = scenario.expected(query)
                     if exact:
                         assert got == want, (edge, cut)
@@ -366,6 +369,20 @@ def test_testbed_discovery_with_fingerprints(n_shards: int, initial_capacity: in
 def test_testbed_discovery_without_fingerprints() -> None:
     scenario = Scenario.new(load_builtin("testbed-3region"), 2, 64)
     run_testbed_scenario(scenario, exact=False)
+
+
+def test_match_follows_a_view_that_reloads_after_a_match() -> None:
+    """The compiled match reads each view's buffer by address: after a table grew, the
+    view holds a new buffer, and the next match must read that one."""
+    scenario = Scenario.new(with_fingerprints(load_builtin("testbed-3region"), 16), 1, 8)
+    a = prompts(3)["a"]
+    query = MultiLevelQuery.for_prompt(a, "us", scenario.plan, NS)
+    assert not any(scenario.view.match(query).lengths)
+    scenario.set(0, a, Tier.VRAM)
+    assert scenario.reloads > 0
+    got = scenario.view.match(query)
+    assert got == scenario.expected(query)
+    assert got.lengths[0]
 
 
 def test_remote_match_below_n1_is_not_reported() -> None:

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from kvcompass.errors import BadInput, ConfigError, Transient
-from kvcompass.index import LudoTable, SnapshotError, TablePatch
+from kvcompass.index import LudoTable, SnapshotError, TablePatch, probe
 from kvcompass.index.discovery import DiscoveryView, Match, MultiLevelQuery
 from kvcompass.index.layout import IndexLayout, Tier, with_tier
 from kvcompass.index.reader import IndexNotReady, IndexReader
@@ -37,7 +37,6 @@ from kvcompass.shm import (
     SharedIndexReader,
     SharedIndexWriter,
     TornRead,
-    probe,
     remove_segments,
     segments,
 )

@@ -2,28 +2,35 @@
 
 The maintenance side of a shard is :class:`kvcompass.index.shard_tables.ShardTables`.
 ``MultiLevelQuery`` holds a prompt's keys at the lengths an edge queries toward each
-region; ``MatchDecoder`` turns the table values of those keys into, for every worker
-anywhere, the longest matched length and the tier there. ``DiscoveryView`` is an edge's
-keyless replica of every shard in this process; it and the shared-memory reader are the
-two :class:`~kvcompass.index.reader.IndexReader` implementations.
+region; ``MatchProbes`` lays out their lookups for the compiled match
+(:mod:`kvcompass.index.probe`), which finds, for every worker anywhere, the longest
+matched length and the tier there. ``DiscoveryView`` is an edge's keyless replica of
+every shard in this process; it and the shared-memory reader are the two
+:class:`~kvcompass.index.reader.IndexReader` implementations.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import functools
+import operator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+from numpy.typing import NDArray
+
 from kvcompass.errors import BadInput
+from kvcompass.index import probe
 from kvcompass.index.layout import IndexLayout, Tier
 from kvcompass.index.patches import TablePatch
 from kvcompass.index.view import LudoView
-from kvcompass.keys import Namespace, PrefixHasher, TokenIds, shard_of
+from kvcompass.keys import Namespace, PrefixHasher, TokenIds
 from kvcompass.levels import LevelPlan
 
 __all__ = [
     "DiscoveryView",
     "Match",
-    "MatchDecoder",
+    "MatchProbes",
     "MultiLevelQuery",
     "QueryPlanner",
     "TableKey",
@@ -64,61 +71,127 @@ class QueryPlanner:
     def __init__(self, plan: LevelPlan, edge_region: str, namespace: Namespace) -> None:
         self.edge_region = edge_region
         self.namespace = namespace
-        self._targets = tuple(plan.queries_from(edge_region).items())
         self._hasher = PrefixHasher(plan.all_query_lengths(edge_region), namespace, plan.key_hash)
-
-    def query(self, tokens: TokenIds) -> MultiLevelQuery:
-        keys = self._hasher.keys(tokens)
-        return MultiLevelQuery(
-            {
-                region: [(n, keys[n]) for n in lengths if n in keys]
-                for region, lengths in self._targets
-            }
+        at = {c: i for i, c in enumerate(self._hasher.lengths)}
+        self._shape = _shape(
+            tuple(
+                (region, tuple((c, at[c]) for c in lengths if c in at))
+                for region, lengths in plan.queries_from(edge_region).items()
+            )
         )
 
+    def query(self, tokens: TokenIds) -> MultiLevelQuery:
+        return MultiLevelQuery(_PlannedRegions(self._shape, self._hasher.key_list(tokens)))
 
-class MatchDecoder:
-    """Table values to per-worker matches, as the in-process view decodes them.
 
-    :meth:`decode` asks ``value_of(table id, key)`` for each lookup a query needs. The
-    shared-memory reader decodes the same way in compiled code (``kvcompass.shm.probe``;
-    tests check the two agree).
+class _Shape:
+    """Per target region of a planner, its query lengths and where their keys sit in the
+    planner's key list. Equal for equal plans, so that a reader keeps one set of probe
+    rows per plan (:class:`MatchProbes`), whichever of its planners asks."""
+
+    __slots__ = ("_hash", "_key", "regions")
+
+    def __init__(self, regions: tuple[tuple[str, tuple[tuple[int, int], ...]], ...]) -> None:
+        self.regions = dict(regions)
+        self._key = regions
+        self._hash = hash(regions)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, _Shape) and self._key == other._key)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
+@functools.lru_cache(maxsize=256)
+def _shape(regions: tuple[tuple[str, tuple[tuple[int, int], ...]], ...]) -> _Shape:
+    """One shape object per plan, shared by its planners (one per namespace): a reader
+    then finds the plan's rows by identity, not by comparing every length."""
+    return _Shape(regions)
+
+
+class _PlannedRegions(Mapping[str, list[tuple[int, int]]]):
+    """A planner's ``per_region``, each region's pairs built when asked for: the readers
+    take the key list as it is, and the policy reads one region, if any."""
+
+    __slots__ = ("key_list", "shape")
+
+    def __init__(self, shape: _Shape, key_list: list[int]) -> None:
+        self.shape = shape
+        self.key_list = key_list  # at the first len(key_list) of the planner's lengths
+
+    def __getitem__(self, region: str) -> list[tuple[int, int]]:
+        keys = self.key_list
+        n = len(keys)
+        return [(c, keys[i]) for c, i in self.shape.regions[region] if i < n]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.shape.regions)
+
+    def __len__(self) -> int:
+        return len(self.shape.regions)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+
+class MatchProbes:
+    """A layout's lookups of a query as input for the compiled match.
+
+    :meth:`rows` gives the query's keys and (key index, table id, length) rows per table
+    of each region the query names, by ascending length, so that
+    :func:`kvcompass.index.probe.match_probes` lets a longer match overwrite a shorter
+    one; ``workers`` maps its table fields to global workers. Both readers, the
+    in-process view and the shared-memory one, probe through it.
     """
 
     def __init__(self, layout: IndexLayout) -> None:
-        self.n_workers = layout.n_workers
+        self.n_tables = len(layout.tables)
+        self.workers = probe.table_workers([t.workers for t in layout.tables])
         self._region_tables = {
-            region: tuple((t.table_id, t.workers) for t in layout.tables_of(region))
-            for region in {t.region for t in layout.tables}
+            region: tuple(t.table_id for t in layout.tables_of(region))
+            for region in dict.fromkeys(t.region for t in layout.tables)
         }
+        self._planned: dict[_Shape, NDArray[np.int64]] = {}
 
-    def _tables_of(self, region: str) -> tuple[tuple[int, tuple[int, ...]], ...]:
-        try:
-            return self._region_tables[region]
-        except KeyError:
-            raise BadInput(f"query names region {region!r}, not one of this index") from None
+    def rows(self, query: MultiLevelQuery) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """The query's keys (63-bit, so int64) and its probe rows."""
+        regions = query.per_region
+        if isinstance(regions, _PlannedRegions):
+            # A planner's rows cover all its lengths (the kernel skips those past the
+            # prompt's keys): built once per plan, not per request.
+            probes = self._planned.get(regions.shape)
+            if probes is None:
+                probes = self._planned[regions.shape] = self._rows(regions.shape.regions)
+            return np.array(regions.key_list, np.int64), probes
+        keys: list[int] = []
+        indexed: dict[str, list[tuple[int, int]]] = {}
+        for region, pairs in regions.items():
+            indexed[region] = [(c, i) for i, (c, _) in enumerate(pairs, len(keys))]
+            keys += [key for _, key in pairs]
+        return np.array(keys, np.int64), self._rows(indexed)
 
-    def decode(self, query: MultiLevelQuery, value_of: Callable[[int, int], int]) -> Match:
-        """Longest matched length and tier of every worker, over all levels and regions."""
-        lengths = [0] * self.n_workers
-        tiers = [0] * self.n_workers
-        for region, pairs in query.per_region.items():
-            for table_id, workers in self._tables_of(region):
-                # Ascending lengths: a longer match overwrites a shorter one.
-                for length, key in pairs:
-                    value = value_of(table_id, key)
-                    while value:
-                        bit = (value & -value).bit_length() - 1
-                        shift = bit & ~1
-                        w = workers[bit >> 1]
-                        lengths[w] = length
-                        tiers[w] = (value >> shift) & 3
-                        value &= ~(3 << shift)
-        return Match(lengths, tiers)
+    def _rows(self, regions: Mapping[str, Sequence[tuple[int, int]]]) -> NDArray[np.int64]:
+        flat: list[int] = []
+        extend = flat.extend
+        region_tables = self._region_tables
+        for region, pairs in regions.items():
+            tables = region_tables.get(region)
+            if tables is None:
+                raise BadInput(f"query names region {region!r}, not one of this index")
+            for table in tables:
+                for length, at in pairs:
+                    extend((at, table, length))
+        return np.array(flat, dtype=np.int64).reshape(-1, 3)
 
 
 class DiscoveryView:
-    """An edge's keyless replica of every shard's region tables, in this process."""
+    """An edge's keyless replica of every shard's region tables, in this process.
+
+    :meth:`match` runs every lookup of a query in one compiled call, as the shared-memory
+    reader does: in Python each costs four mixes on big integers, and a 4K-token prompt
+    needs 8 (testbed-3region) to 70 (sim-16region) of them.
+    """
 
     def __init__(self, layout: IndexLayout, n_shards: int, views: Mapping[TableKey, LudoView]):
         missing = {(s, t.table_id) for s in range(n_shards) for t in layout.tables} - set(views)
@@ -127,21 +200,23 @@ class DiscoveryView:
         self.layout = layout
         self.n_shards = n_shards
         self.views = dict(views)
-        self._lookups: list[list[Callable[[int], int]]] = []
-        self._bind_lookups()
-        self._decoder = MatchDecoder(layout)
+        self._probes = MatchProbes(layout)
+        # In the kernel's descriptor order: row shard * n_tables + table id.
+        self._tables = [
+            self.views[(s, t)] for s in range(n_shards) for t in range(self._probes.n_tables)
+        ]
+        self._rows = [view.descriptor for view in self._tables]
+        self._desc = np.array(self._rows)
+        self._lengths = np.zeros(layout.n_workers, np.int64)
+        self._tiers = np.zeros(layout.n_workers, np.int64)
+        self._touched = np.zeros(n_shards, np.uint8)
+        probe.warm_up()
 
     @classmethod
     def from_images(
         cls, layout: IndexLayout, n_shards: int, images: Mapping[TableKey, bytes]
     ) -> DiscoveryView:
         return cls(layout, n_shards, {k: LudoView(img) for k, img in images.items()})
-
-    def _bind_lookups(self) -> None:
-        n_tables = len(self.layout.tables)
-        self._lookups = [
-            [self.views[(s, t)].lookup for t in range(n_tables)] for s in range(self.n_shards)
-        ]
 
     def apply(self, patches: Mapping[TableKey, TablePatch]) -> None:
         for where, patch in patches.items():
@@ -153,11 +228,22 @@ class DiscoveryView:
 
     def match(self, query: MultiLevelQuery) -> Match:
         """Longest matched length and tier of every worker, over all levels and regions."""
-        lookups = self._lookups
-        n_shards = self.n_shards
-        return self._decoder.decode(
-            query, lambda table_id, key: lookups[shard_of(key, n_shards)][table_id](key)
+        rows = [view.descriptor for view in self._tables]
+        if not all(map(operator.is_, rows, self._rows)):
+            # A view rebound (a reload, an Othello reset; the simulator applies patches
+            # to the views themselves): the kernel must not read its old buffer or seeds.
+            self._rows = rows
+            self._desc = np.array(rows)
+        probe.match_probes(
+            self._desc,
+            self._probes.n_tables,
+            *self._probes.rows(query),
+            self._probes.workers,
+            self._lengths,
+            self._tiers,
+            self._touched,
         )
+        return Match(self._lengths.tolist(), self._tiers.tolist())
 
     @property
     def nbytes(self) -> int:

@@ -2,7 +2,7 @@
 
 Routers program against :class:`IndexReader`. :class:`~kvcompass.index.discovery.DiscoveryView`
 implements it in-process and :class:`~kvcompass.shm.SharedIndexReader` over the edge
-replayer's shared-memory views (in compiled code, ``kvcompass.shm.probe``); tests check
+replayer's shared-memory views (in compiled code, ``kvcompass.index.probe``); tests check
 that they give the same answers.
 """
 

@@ -14,6 +14,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvcompass.hashing import GOLDEN64, MASK32, MASK64, mix64, mix64_array
+from kvcompass.index import probe
 from kvcompass.index.errors import GenerationMismatch, SnapshotError
 from kvcompass.index.geometry import TableGeometry
 from kvcompass.index.image import (
@@ -91,6 +92,10 @@ class LudoView:
             self._mv_fps = mv[layout.fingerprints : layout.fingerprints + g.n_cells * fsize].cast(
                 "B" if fsize == 1 else "H"
             )
+        # This binding's row for the compiled match (kvcompass.index.probe); a new array
+        # per binding, so a holder of the row tells a new buffer or new seeds by identity.
+        self.descriptor = np.zeros(probe.N_COLUMNS, np.uint64)
+        probe.describe(self.descriptor, np.frombuffer(buf, np.uint8, 1).ctypes.data, g, layout)
         self._scalar = (
             g.bucket_seed,
             g.othello_seed,
@@ -129,7 +134,7 @@ class LudoView:
         for mv in (self._mv_seeds, self._mv_cells, self._mv_words, self._mv_fps):
             if mv is not None:
                 mv.release()
-        del self._seeds, self._cells, self._fps, self._words
+        del self._seeds, self._cells, self._fps, self._words, self.descriptor
         if isinstance(self._buf, memoryview):
             self._buf.release()
 

@@ -14,14 +14,14 @@ from typing import Final, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from kvcompass.errors import BadInput, ConfigError
-from kvcompass.index.discovery import Match, MultiLevelQuery
+from kvcompass.errors import ConfigError
+from kvcompass.index import probe
+from kvcompass.index.discovery import Match, MatchProbes, MultiLevelQuery
 from kvcompass.index.errors import SnapshotError
 from kvcompass.index.image import ImageHeader, layout_of
 from kvcompass.index.layout import IndexLayout
 from kvcompass.index.reader import IndexNotReady
 from kvcompass.index.view import LudoView
-from kvcompass.shm import probe
 from kvcompass.shm.lifetime import LivenessProbe
 from kvcompass.shm.segments import (
     EPOCH,
@@ -186,6 +186,7 @@ class _Attachment:
 
     def match_probes(
         self,
+        keys: NDArray[np.int64],
         probes: NDArray[np.int64],
         workers: NDArray[np.int64],
         out: tuple[NDArray[np.int64], NDArray[np.int64]],
@@ -199,17 +200,17 @@ class _Attachment:
         before = self._seqlocks.tolist()
         for lock in before:
             if lock & 1:
-                self._stable_match(probes, workers, out)
+                self._stable_match(keys, probes, workers, out)
                 break
         else:
             if self._shard_versions.tolist() == self._versions:
                 probe.match_probes(
-                    self._desc, self.n_tables, probes, workers, lengths, tiers, self._touched
+                    self._desc, self.n_tables, keys, probes, workers, lengths, tiers, self._touched
                 )
                 if self._seqlocks.tolist() != before:
-                    self._stable_match(probes, workers, out)
+                    self._stable_match(keys, probes, workers, out)
             else:
-                self._stable_match(probes, workers, out)
+                self._stable_match(keys, probes, workers, out)
         if stale_ok:
             return
         readies = self._readies.tolist()
@@ -220,6 +221,7 @@ class _Attachment:
 
     def _stable_match(
         self,
+        keys: NDArray[np.int64],
         probes: NDArray[np.int64],
         workers: NDArray[np.int64],
         out: tuple[NDArray[np.int64], NDArray[np.int64]],
@@ -231,7 +233,9 @@ class _Attachment:
             for shard, record in enumerate(records):
                 if record[VERSION] != versions[shard]:
                     self._refresh(shard)  # every descriptor row current
-            probe.match_probes(self._desc, self.n_tables, probes, workers, lengths, tiers, touched)
+            probe.match_probes(
+                self._desc, self.n_tables, keys, probes, workers, lengths, tiers, touched
+            )
 
         self._stable(range(self.n_shards), read)
 
@@ -319,11 +323,7 @@ class SharedIndexReader:
         #: Until this monotonic time match() trusts the last answer "the writer lives".
         self._alive_until = -math.inf
         if layout is not None:
-            self._region_tables = {
-                region: tuple(t.table_id for t in layout.tables_of(region))
-                for region in dict.fromkeys(t.region for t in layout.tables)
-            }
-            self._workers = probe.table_workers([t.workers for t in layout.tables])
+            self._probes = MatchProbes(layout)
             self._lengths = np.zeros(layout.n_workers, np.int64)
             self._tiers = np.zeros(layout.n_workers, np.int64)
             probe.warm_up()
@@ -388,8 +388,8 @@ class SharedIndexReader:
 
     def match(self, query: MultiLevelQuery, *, stale_ok: bool = False) -> Match:
         """Longest matched length and tier of every worker: every probe in one compiled
-        call, in one read section over all shards (the answers of
-        :class:`~kvcompass.index.discovery.MatchDecoder`, which a unit test checks).
+        call, in one read section over all shards (the answers of the in-process
+        :class:`~kvcompass.index.discovery.DiscoveryView`, which a unit test checks).
 
         IndexNotReady if a shard the query touches is not ready, and, as at start-up,
         while any shard has a table not loaded yet. ``stale_ok`` answers from shards
@@ -402,18 +402,12 @@ class SharedIndexReader:
         if self._layout is None:
             raise ConfigError("SharedIndexReader needs the index layout to match queries")
         att = self._att if time.monotonic() < self._alive_until else self._live()
-        flat: list[int] = []  # (key, table id, length) rows; keys are 63-bit, so int64
-        extend = flat.extend
-        region_tables = self._region_tables
-        for region, pairs in query.per_region.items():
-            tables = region_tables.get(region)
-            if tables is None:
-                raise BadInput(f"query names region {region!r}, not one of this index")
-            for table in tables:
-                for length, key in pairs:
-                    extend((key, table, length))
-        probes = np.array(flat, dtype=np.int64).reshape(-1, 3)
-        att.match_probes(probes, self._workers, (self._lengths, self._tiers), stale_ok)
+        att.match_probes(
+            *self._probes.rows(query),
+            self._probes.workers,
+            (self._lengths, self._tiers),
+            stale_ok,
+        )
         return Match(self._lengths.tolist(), self._tiers.tolist())
 
     def lookup(self, shard: int, table: int, key: int) -> int:

@@ -1,16 +1,19 @@
-"""The router's match over mapped tables, compiled: every probe of a query in one call.
+"""The index's match, compiled: every probe of a query in one call.
 
 In Python a view lookup costs four 64-bit mixes on big integers (about a microsecond),
 and a 4K-token prompt probes 8 (testbed-3region) to 70 (sim-16region) keys, each in a
 table of its own shard, then decodes the holders. This kernel does all of it in one
 numba call over a descriptor table: per (shard, table) row, the addresses of the
-table's arrays inside the reader's own mapping of its segment, and its geometry. The
-reader rebuilds a row whenever it maps a table again, and runs the kernel only inside
-a read section, after checking that every row is current; a mapping stays valid until
-the reader itself closes it, even after the writer unlinks the segment.
+table's arrays, and its geometry. Both readers use it. The shared-memory reader
+describes its own mapping of each segment, rebuilds a row whenever it maps a table
+again, and runs the kernel only inside a read section, after checking that every row
+is current; a mapping stays valid until the reader itself closes it, even after the
+writer unlinks the segment. The in-process :class:`~kvcompass.index.discovery.DiscoveryView`
+takes each view's own row (:attr:`~kvcompass.index.view.LudoView.descriptor`), current
+for as long as that view keeps its buffer.
 
 The lookup is :meth:`kvcompass.index.view.LudoView.lookup` step for step (a unit test
-checks the two agree), the decoding :meth:`kvcompass.index.discovery.MatchDecoder.decode`.
+checks the two agree); a later nonzero tier field of a worker overwrites an earlier one.
 """
 
 from __future__ import annotations
@@ -122,15 +125,18 @@ def _lookup(d: NDArray[np.uint64], key: np.uint64) -> np.uint64:
 def match_probes(
     desc: NDArray[np.uint64],
     n_tables: int,
+    keys: NDArray[np.int64],
     probes: NDArray[np.int64],
     workers: NDArray[np.int64],
     lengths: NDArray[np.int64],
     tiers: NDArray[np.int64],
     touched: NDArray[np.uint8],
 ) -> None:
-    """Probe (key, table id, length) rows in order: a later nonzero field of a worker
-    overwrites an earlier one, so give each table's probes by ascending length.
+    """Probe (key index, table id, length) rows in order: a later nonzero field of a
+    worker overwrites an earlier one, so give each table's probes by ascending length.
 
+    A row whose key index is past the end of ``keys`` is skipped: an edge's rows cover
+    its every query length, and a prompt has keys only up to its own length.
     ``workers[table, field]`` is the global worker index of a field; ``lengths`` and
     ``tiers`` (one per worker) and ``touched`` (one per shard) are zeroed first.
     """
@@ -138,8 +144,12 @@ def match_probes(
     tiers[:] = 0
     touched[:] = 0
     n_shards = np.uint64(len(desc) // n_tables)
+    n_keys = len(keys)
     for i in range(len(probes)):
-        key = np.uint64(probes[i, 0])
+        at = probes[i, 0]
+        if at >= n_keys:
+            continue
+        key = np.uint64(keys[at])
         table = probes[i, 1]
         shard = np.int64(_mix64(key ^ _SALT) % n_shards)
         touched[shard] = 1
@@ -184,6 +194,7 @@ def warm_up() -> None:
     match_probes(
         np.zeros((1, N_COLUMNS), np.uint64),
         1,
+        np.zeros(0, np.int64),
         np.zeros((0, 3), np.int64),
         table_workers([(0,)]),
         empty,
