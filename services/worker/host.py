@@ -248,6 +248,9 @@ class WorkerHost:
         """The broker came back without its log: events it had acknowledged are gone,
         and with them perhaps changes the index never applied. Every node tells the
         index its cache's whole state again, as a new incarnation."""
+        # Offsets start over in the new log: the next deliveries on the other partitions
+        # (what waited out the outage) must not count as yet another loss.
+        self._acked.clear()
         sent = {node.worker.id: node.reannounce() for node in self.nodes}
         self.metrics.reannouncements.inc()
         self.log.warning("broker_log_lost_state_reannounced", prefixes=sent)

@@ -649,6 +649,28 @@ def test_events_gone_from_the_log_are_reported() -> None:
     assert (takeover.restored, takeover.events_gone) == (True, 5)
 
 
+@pytest.mark.parametrize("patches_restarted", [True, False])
+def test_a_new_event_log_already_past_the_snapshot_is_known_by_the_new_patch_log(
+    patches_restarted: bool,
+) -> None:
+    """The broker lost its logs and the workers re-sent their caches at once: the new
+    event log has grown past the snapshot's position before the unit takes over. Its
+    end cannot tell, but the patch log, which only this owner writes, restarted too."""
+    snap, batches = _restorable()
+    writer = _new_writer(1)
+    takeover = writer.take_over(
+        snap,
+        stream_epoch=None,
+        stream_end=0,
+        patches_restarted=patches_restarted,
+        committed=False,
+        events_low=0,
+        events_high=len(batches) + 50,
+    )
+    assert takeover.log_reset is patches_restarted
+    assert takeover.resume_offset == (0 if patches_restarted else len(batches))
+
+
 def _damaged(how: str) -> ShardSnapshot:
     snap, _ = _restorable()
     if how == "shard":

@@ -173,7 +173,12 @@ class ShardWriter:
         # A log that ends before the snapshot's position is not the log the snapshot was
         # cut from; its records are all newer than the snapshot (sequence numbers drop
         # any redelivery), so they are read from its start, not from the old position.
-        log_reset = events_high is not None and wanted > events_high
+        # A new log may already have grown past that position (every worker re-sends
+        # its cache when its broker loses the log), but the patch log, which only this
+        # owner writes, is still short then: a broker that lost one lost both.
+        log_reset = meta is not None and (
+            (events_high is not None and wanted > events_high) or patches_restarted
+        )
         resume = events_low if log_reset else max(wanted, events_low)
         self.epoch = max(fence, stream_epoch or 0) + 1
         self.events_offset = self._flushed_offset = resume - 1
