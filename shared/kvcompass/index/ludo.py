@@ -179,12 +179,23 @@ class LudoTable:
         )
 
     def write_bits_many(
-        self, keys: NDArray[np.uint64], clear: NDArray[np.uint64], bits: NDArray[np.uint64]
+        self,
+        keys: NDArray[np.uint64],
+        clear: NDArray[np.uint64],
+        bits: NDArray[np.uint64],
+        *,
+        checked: bool = False,
     ) -> None:
         """:meth:`write_bits` for every ``(keys[i], clear[i], bits[i])``, in order.
 
         The maintenance unit's batch write: one compiled call per event batch.
+        ``checked``: the caller passes contiguous uint64 vectors of one length whose keys
+        and bits it has already checked (:class:`ShardTables` does), so they are not
+        scanned twice.
         """
+        if checked:
+            self._apply(keys, clear, bits)
+            return
         if not (keys.shape == clear.shape == bits.shape) or keys.ndim != 1:
             raise ValueError(
                 f"keys, clear and bits must be equal-length vectors: "

@@ -145,7 +145,8 @@ class ShardTables:
         if foreign is not None:
             j, owner = foreign
             raise BadInput(f"key {int(keys[j])} belongs to shard {owner}, not {self.shard}")
-        table.write_bits_many(keys, np.ascontiguousarray(clear, dtype=np.uint64), bits)
+        clear = np.ascontiguousarray(clear, dtype=np.uint64)
+        table.write_bits_many(keys, clear, bits, checked=True)
 
     # -- output ------------------------------------------------------------------------
 
