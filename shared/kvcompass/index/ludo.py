@@ -268,9 +268,15 @@ class LudoTable:
         # (keys decoded straight from a message buffer) would compile a second version on
         # the hot path (1.8 s). Copies are cheap next to the writes; every caller then
         # runs the version compile_write_kernel() built at set-up.
-        keys, clear, bits = (a if a.flags.writeable else a.copy() for a in (keys, clear, bits))
+        if not keys.flags.writeable:
+            keys = keys.copy()
+        if not clear.flags.writeable:
+            clear = clear.copy()
+        if not bits.flags.writeable:
+            bits = bits.copy()
         i = 0
-        while i < len(keys):
+        n = len(keys)
+        while i < n:
             status, i = kernel.apply_writes(
                 self._t, self._othello.arrays, self._geo, keys, clear, bits, i
             )

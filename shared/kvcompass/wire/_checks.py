@@ -108,7 +108,10 @@ def check_int(value: object, field: str, lo: int, hi: int) -> int:
 
 def set_int(obj: object, name: str, lo: int, hi: int) -> int:
     """Check the int attribute ``name`` of a frozen dataclass and store it as an ``int``."""
-    value = check_int(getattr(obj, name), name, lo, hi)
+    value = getattr(obj, name)
+    if type(value) is int and lo <= value <= hi:  # already a plain int: nothing to store
+        return value
+    value = check_int(value, name, lo, hi)
     object.__setattr__(obj, name, value)
     return value
 
