@@ -190,12 +190,11 @@ def check_array(
 
 def _fits(got: tuple[int, ...], want: tuple[int, ...]) -> bool:
     """Whether shape ``got`` is ``want``, where -1 in ``want`` is any length."""
-    if len(got) != len(want):
-        return False
-    for w, n in zip(want, got, strict=True):  # noqa: SIM110 (all() of a generator costs more)
-        if w != n and w != -1:
-            return False
-    return True
+    if got == want:
+        return True
+    if want == (-1,):  # the usual wildcard, without a loop
+        return len(got) == 1
+    return len(got) == len(want) and all(w in (-1, n) for w, n in zip(want, got, strict=True))
 
 
 #: Up to this many elements, Python's min and max cost less than numpy's calls.
