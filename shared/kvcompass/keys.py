@@ -256,10 +256,23 @@ def shard_of_array(keys: NDArray[np.uint64], n_shards: int) -> NDArray[np.int64]
     return (mixed % np.uint64(n_shards)).astype(np.int64)
 
 
+#: Up to this many keys, hashing each in Python costs less than numpy's calls (which
+#: cost about a microsecond each, whatever the length): events batches are mostly small.
+_SCALAR_KEYS = 16
+
+
 def first_foreign_key(
     keys: NDArray[np.uint64], n_shards: int, shard: int
 ) -> tuple[int, int] | None:
     """(index, owning shard) of the first of ``keys`` not in ``shard``, or None."""
+    if len(keys) <= _SCALAR_KEYS:
+        for j, key in enumerate(np.asarray(keys, dtype=np.uint64).tolist()):
+            owner = shard_of(key, n_shards)
+            if owner != shard:
+                return j, owner
+        if n_shards < 1:  # no keys: shard_of never ran to refuse it
+            raise ValueError(f"n_shards must be positive, got {n_shards}")
+        return None
     owners = shard_of_array(keys, n_shards)
     foreign = np.flatnonzero(owners != shard)
     if not len(foreign):

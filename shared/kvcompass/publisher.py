@@ -21,8 +21,6 @@ from collections import defaultdict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from kvcompass.index.layout import Tier
 from kvcompass.keys import Namespace, PrefixHasher, TokenIds, shard_of
 from kvcompass.levels import LevelPlan
@@ -187,17 +185,17 @@ class EventPublisher:
         now = self._clock.wall_ns()
         for shard in sorted(self._pending):
             pending = self._pending[shard]
-            batch = KVEventBatch.from_columns(
+            batch = KVEventBatch.from_lists(
                 self.worker.id,
                 self.worker.region,
                 self.next_seq,
                 shard,
                 now,
-                kinds=np.array(pending.kinds, dtype=np.uint8),
-                tiers=np.array(pending.tiers, dtype=np.uint8),
-                counts=np.array(pending.counts, dtype=np.uint32),
-                lengths=np.array(pending.lengths, dtype=np.uint32),
-                keys=np.array(pending.keys, dtype=np.uint64),
+                kinds=pending.kinds,
+                tiers=pending.tiers,
+                counts=pending.counts,
+                lengths=pending.lengths,
+                keys=pending.keys,
                 worker_incarnation=self.incarnation,
             )
             self.next_seq += 1

@@ -20,6 +20,7 @@ from kvcompass.keys import (
     KeyHash,
     Namespace,
     PrefixHasher,
+    first_foreign_key,
     prefix_key,
     prefix_keys,
     shard_of,
@@ -221,6 +222,22 @@ def test_shard_of_array_matches_scalar(n_shards: int) -> None:
     assert all(0 <= s < n_shards for s in shards.tolist())
 
 
+@given(
+    st.lists(st.integers(0, MASK64), max_size=40),
+    st.integers(1, 20),
+    st.data(),
+)
+def test_first_foreign_key_matches_the_vectorised_shards(
+    keys: list[int], n_shards: int, data: st.DataObject
+) -> None:
+    # Short arrays are hashed one key at a time, long ones by shard_of_array.
+    shard = data.draw(st.integers(0, n_shards - 1))
+    array = np.array(keys, dtype=np.uint64)
+    owners = shard_of_array(array, n_shards).tolist()
+    foreign = [(j, owner) for j, owner in enumerate(owners) if owner != shard]
+    assert first_foreign_key(array, n_shards, shard) == (foreign[0] if foreign else None)
+
+
 @pytest.mark.parametrize("source", ["random", "sequential"])
 def test_shards_spread_evenly(source: str) -> None:
     n, n_shards = 100_000, 64
@@ -242,3 +259,6 @@ def test_shard_arguments_validated() -> None:
         shard_of_array(np.zeros(1, dtype=np.uint64), 0)
     with pytest.raises(ValueError, match="64-bit"):
         shard_of(-1, 4)
+    for n_keys in (0, 1, 100):  # the scalar and the vectorised path
+        with pytest.raises(ValueError, match="n_shards"):
+            first_foreign_key(np.zeros(n_keys, dtype=np.uint64), 0, 0)

@@ -404,9 +404,11 @@ def test_a_batch_is_one_write_of_every_key_in_event_order(
     calls: list[tuple[list[int], list[int], list[int]]] = []
     write_many = LudoTable.write_bits_many
 
-    def record(table: LudoTable, k: np.ndarray, c: np.ndarray, b: np.ndarray) -> None:
+    def record(
+        table: LudoTable, k: np.ndarray, c: np.ndarray, b: np.ndarray, *, checked: bool = False
+    ) -> None:
         calls.append((k.tolist(), c.tolist(), b.tolist()))
-        write_many(table, k, c, b)
+        write_many(table, k, c, b, checked=checked)
 
     monkeypatch.setattr(LudoTable, "write_bits_many", record)
     batch = KVEventBatch(worker.id, worker.region, 5, 0, 0, events, worker_incarnation=3)
@@ -756,8 +758,11 @@ def test_a_write_that_fails_mid_move_breaks_the_writer_for_good(
     good = writer.snapshot()
     write_many = LudoTable.write_bits_many
 
-    def fail_half_way(table: LudoTable, k: np.ndarray, c: np.ndarray, b: np.ndarray) -> None:
-        write_many(table, k[: len(k) // 2], c[: len(k) // 2], b[: len(k) // 2])
+    def fail_half_way(
+        table: LudoTable, k: np.ndarray, c: np.ndarray, b: np.ndarray, *, checked: bool = False
+    ) -> None:
+        half = len(k) // 2
+        write_many(table, k[:half], c[:half], b[:half], checked=checked)
         raise TableFull("no bucket seed separates a bucket's keys; reload the table")
 
     monkeypatch.setattr(LudoTable, "write_bits_many", fail_half_way)
@@ -785,7 +790,7 @@ def test_a_failed_staged_write_surfaces_at_the_flush_and_nothing_is_snapshotted(
     for i, b in enumerate(batches):
         writer.stage(b, i)
 
-    def corrupt(table: LudoTable, *arrays: np.ndarray) -> None:
+    def corrupt(table: LudoTable, *arrays: np.ndarray, checked: bool = False) -> None:
         raise InvariantBroken("kernel left a bucket half-moved")
 
     monkeypatch.setattr(LudoTable, "write_bits_many", corrupt)

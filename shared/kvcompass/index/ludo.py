@@ -179,12 +179,23 @@ class LudoTable:
         )
 
     def write_bits_many(
-        self, keys: NDArray[np.uint64], clear: NDArray[np.uint64], bits: NDArray[np.uint64]
+        self,
+        keys: NDArray[np.uint64],
+        clear: NDArray[np.uint64],
+        bits: NDArray[np.uint64],
+        *,
+        checked: bool = False,
     ) -> None:
         """:meth:`write_bits` for every ``(keys[i], clear[i], bits[i])``, in order.
 
         The maintenance unit's batch write: one compiled call per event batch.
+        ``checked``: the caller passes contiguous uint64 vectors of one length whose keys
+        and bits it has already checked (:class:`ShardTables` does), so they are not
+        scanned twice.
         """
+        if checked:
+            self._apply(keys, clear, bits)
+            return
         if not (keys.shape == clear.shape == bits.shape) or keys.ndim != 1:
             raise ValueError(
                 f"keys, clear and bits must be equal-length vectors: "
@@ -257,9 +268,15 @@ class LudoTable:
         # (keys decoded straight from a message buffer) would compile a second version on
         # the hot path (1.8 s). Copies are cheap next to the writes; every caller then
         # runs the version compile_write_kernel() built at set-up.
-        keys, clear, bits = (a if a.flags.writeable else a.copy() for a in (keys, clear, bits))
+        if not keys.flags.writeable:
+            keys = keys.copy()
+        if not clear.flags.writeable:
+            clear = clear.copy()
+        if not bits.flags.writeable:
+            bits = bits.copy()
         i = 0
-        while i < len(keys):
+        n = len(keys)
+        while i < n:
             status, i = kernel.apply_writes(
                 self._t, self._othello.arrays, self._geo, keys, clear, bits, i
             )

@@ -24,6 +24,8 @@ from kvcompass.snapshot import ShardSnapshot
 __all__ = ["ShardTables"]
 
 _KEY_LIMIT = 1 << 63
+#: Up to this many values, _largest scans them in Python.
+_FEW = 32
 
 
 class ShardTables:
@@ -139,13 +141,14 @@ class ShardTables:
             return
         keys = _key_array(keys)
         bits = np.ascontiguousarray(bits, dtype=np.uint64)
-        if int(bits.max()) > table.geometry.value_mask:
+        if _largest(bits) > table.geometry.value_mask:
             raise BadInput(f"a value does not fit {table.geometry.value_bits} bits")
         foreign = None if shard_checked else first_foreign_key(keys, self.n_shards, self.shard)
         if foreign is not None:
             j, owner = foreign
             raise BadInput(f"key {int(keys[j])} belongs to shard {owner}, not {self.shard}")
-        table.write_bits_many(keys, np.ascontiguousarray(clear, dtype=np.uint64), bits)
+        clear = np.ascontiguousarray(clear, dtype=np.uint64)
+        table.write_bits_many(keys, clear, bits, checked=True)
 
     # -- output ------------------------------------------------------------------------
 
@@ -230,6 +233,14 @@ def _key_array(keys: Iterable[int] | NDArray[np.uint64]) -> NDArray[np.uint64]:
         raise BadInput("keys must be 63-bit non-negative ints") from exc
     if k.ndim != 1:
         raise BadInput(f"keys must be a vector, got shape {k.shape}")
-    if len(k) and int(k.max()) >= _KEY_LIMIT:
+    if len(k) and _largest(k) >= _KEY_LIMIT:
         raise BadInput("keys must be 63-bit non-negative ints")
     return k
+
+
+def _largest(values: NDArray[np.uint64]) -> int:
+    """The largest of non-empty ``values``: Python's max for a few (a batch usually holds
+    1-3 keys), where numpy's call costs more than the scan."""
+    if len(values) <= _FEW:
+        return int(max(values.tolist()))
+    return int(values.max())

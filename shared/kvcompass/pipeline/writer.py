@@ -273,7 +273,11 @@ class ShardWriter:
         keys = batch.key_array
         if len(keys):
             shift = 2 * field
-            bits = batch.key_tiers().astype(np.uint64) << np.uint64(shift)
+            tiers = batch.tier_array
+            if len(tiers) == 1:  # the usual batch: one event, one tier (no np.repeat)
+                bits = np.full(len(keys), int(tiers[0]) << shift, dtype=np.uint64)
+            else:
+                bits = batch.key_tiers().astype(np.uint64) << np.uint64(shift)
             clear = np.full(len(keys), 3 << shift, dtype=np.uint64)
             self._staged.setdefault(table_id, []).append((keys, clear, bits))
         self.applied_keys += len(keys)

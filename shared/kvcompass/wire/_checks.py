@@ -96,6 +96,8 @@ def bound(n: int) -> str:
 
 def check_int(value: object, field: str, lo: int, hi: int) -> int:
     """``value`` if it is an int (not a bool) in ``lo..hi``."""
+    if type(value) is int and lo <= value <= hi:  # the common case first
+        return value
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise WireError(f"expected int, got {kind_of(value)}", field)
     number = int(value)
@@ -106,7 +108,10 @@ def check_int(value: object, field: str, lo: int, hi: int) -> int:
 
 def set_int(obj: object, name: str, lo: int, hi: int) -> int:
     """Check the int attribute ``name`` of a frozen dataclass and store it as an ``int``."""
-    value = check_int(getattr(obj, name), name, lo, hi)
+    value = getattr(obj, name)
+    if type(value) is int and lo <= value <= hi:  # already a plain int: nothing to store
+        return value
+    value = check_int(value, name, lo, hi)
     object.__setattr__(obj, name, value)
     return value
 
@@ -123,6 +128,8 @@ def check_float(value: object, field: str) -> float:
 
 def check_str(value: object, field: str) -> str:
     """``value`` as an exact str if it is a non-empty str that UTF-8 encodes."""
+    if type(value) is str and value.isascii() and 0 < len(value) <= MAX_STR_BYTES:
+        return value  # the common case: ASCII encodes to as many bytes as characters
     if not isinstance(value, str):
         raise WireError(f"expected str, got {kind_of(value)}", field)
     value = str.__str__(value)  # a subclass (a StrEnum member, say) as a plain str
@@ -174,20 +181,35 @@ def check_array(
         names = {"u": "uint", "i": "int"}
         want = " or ".join(f"{names[k]}{8 * s}" for k in kinds for s in sizes)
         raise WireError(f"expected {want} values, got dtype {dt}", field)
-    if value.ndim != len(shape) or any(
-        w not in (-1, n) for w, n in zip(shape, value.shape, strict=True)
-    ):
+    if not _fits(value.shape, shape):
         dims = ["n" if w == -1 else str(w) for w in shape]
         want_shape = f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})"
         raise WireError(f"expected shape {want_shape}, got {value.shape}", field)
     return value
 
 
+def _fits(got: tuple[int, ...], want: tuple[int, ...]) -> bool:
+    """Whether shape ``got`` is ``want``, where -1 in ``want`` is any length."""
+    if got == want:
+        return True
+    if want == (-1,):  # the usual wildcard, without a loop
+        return len(got) == 1
+    return len(got) == len(want) and all(w in (-1, n) for w, n in zip(want, got, strict=True))
+
+
+#: Up to this many elements, Python's min and max cost less than numpy's calls.
+_SCALAR_RANGE = 32
+
+
 def check_range(values: NDArray[Any], field: str, hi: int) -> None:
     """Every element of an integer array in ``0..hi``; names the first one that is not."""
     if len(values) == 0:
         return
-    if int(values.min()) >= 0 and int(values.max()) <= hi:
+    if len(values) <= _SCALAR_RANGE:
+        listed = values.tolist()
+        if min(listed) >= 0 and max(listed) <= hi:
+            return
+    elif int(values.min()) >= 0 and int(values.max()) <= hi:
         return
     bad = int(np.flatnonzero((values < 0) | (values > hi))[0])
     raise WireError(f"expected 0..{bound(hi)}, got {int(values[bad])}", f"{field}[{bad}]")

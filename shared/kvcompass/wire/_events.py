@@ -26,6 +26,7 @@ from kvcompass.wire._event_columns import (
     EventColumns,
     check_columns,
     columns_of,
+    columns_of_lists,
     events_of,
     own_columns,
 )
@@ -132,6 +133,31 @@ class KVEventBatch(WireMessage):
         return cls._of(
             (worker_id, region, worker_seq, shard, sent_at_ns, worker_incarnation),
             own_columns((kinds, tiers, counts, lengths, keys)),
+        )
+
+    @classmethod
+    def from_lists(
+        cls,
+        worker_id: str,
+        region: str,
+        worker_seq: int,
+        shard: int,
+        sent_at_ns: int,
+        *,
+        kinds: list[int],
+        tiers: list[int],
+        counts: list[int],
+        lengths: list[int],
+        keys: list[int],
+        worker_incarnation: int = 0,
+    ) -> KVEventBatch:
+        """:meth:`from_columns` of the same columns given as lists of ints (a publisher
+        collects them so); a value that does not fit its column's dtype raises
+        OverflowError. Checked like decoded batches, at a fraction of the cost for a
+        batch of a few keys."""
+        return cls._of(
+            (worker_id, region, worker_seq, shard, sent_at_ns, worker_incarnation),
+            columns_of_lists(kinds, tiers, counts, lengths, keys),
         )
 
     @classmethod
