@@ -5,8 +5,9 @@ bijection that decorrelates its several uses of one key (shard, bucket pair, Oth
 cells, in-bucket slot, fingerprint). MurmurHash3's 64-bit finaliser is that bijection.
 The scalar form works on Python ints, the array form on ``uint64`` arrays; both return
 bit-identical results, which the maintenance side (scalar) and the lookup view
-(vectorised) depend on. The compiled write path has the one other definition
-(``kernel._mix64``): numba cannot call a function on unbounded Python ints.
+(vectorised) depend on. Compiled code has the one other definition
+(``kernel.mix64_compiled``, which the write and match kernels share): numba cannot call
+a function on unbounded Python ints.
 """
 
 from __future__ import annotations

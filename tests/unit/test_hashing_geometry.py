@@ -256,4 +256,4 @@ def test_the_compiled_mix64_agrees_with_the_python_one() -> None:
 
     rng = random.Random(8)
     for x in [0, 1, MASK63, MASK64] + [rng.getrandbits(64) for _ in range(200)]:
-        assert int(kernel._mix64(np.uint64(x))) == mix64(x)
+        assert int(kernel.mix64_compiled(np.uint64(x))) == mix64(x)

@@ -637,15 +637,23 @@ def per_event(
     )
 
 
+def raw_with_columns(
+    columns: tuple[list[int], list[int], list[int], list[int], list[int]],
+) -> dict[str, Any]:
+    """An event batch message's map with these raw columns."""
+    kinds, tiers, counts, lengths, keys = columns
+    raw = raw_of(events_msg())
+    raw |= {"k": bytes(kinds), "tr": bytes(tiers), "n": u32(*counts).tobytes()}
+    raw |= {"ln": u32(*lengths).tobytes(), "ky": u64(*keys).tobytes()}
+    return raw
+
+
 @given(raw_columns())
 @settings(max_examples=300)
 def test_decoded_columns_agree_with_the_per_event_checks(
     columns: tuple[list[int], list[int], list[int], list[int], list[int]],
 ) -> None:
-    kinds, tiers, counts, lengths, keys = columns
-    raw = raw_of(events_msg())
-    raw |= {"k": bytes(kinds), "tr": bytes(tiers), "n": u32(*counts).tobytes()}
-    raw |= {"ln": u32(*lengths).tobytes(), "ky": u64(*keys).tobytes()}
+    raw = raw_with_columns(columns)
     try:
         want = per_event(*columns)
     except WireError:
@@ -661,9 +669,7 @@ def test_from_lists_checks_like_decode(
     columns: tuple[list[int], list[int], list[int], list[int], list[int]],
 ) -> None:
     kinds, tiers, counts, lengths, keys = columns
-    raw = raw_of(events_msg())
-    raw |= {"k": bytes(kinds), "tr": bytes(tiers), "n": u32(*counts).tobytes()}
-    raw |= {"ln": u32(*lengths).tobytes(), "ky": u64(*keys).tobytes()}
+    raw = raw_with_columns(columns)
 
     def build() -> KVEventBatch:
         return KVEventBatch.from_lists(

@@ -158,10 +158,11 @@ def geometry_vector(g: TableGeometry) -> NDArray[np.uint64]:
 # -- hashing (bit-identical to kvcompass.hashing / TableGeometry) -------------------------
 
 
-# The compiled twin of kvcompass.hashing.mix64 (tests check they agree): numba compiles
-# uint64 arithmetic that wraps, while the Python one masks unbounded ints.
+# The compiled twin of kvcompass.hashing.mix64 (tests check they agree), also the match
+# kernel's (kvcompass.index.probe): numba compiles uint64 arithmetic that wraps, while
+# the Python one masks unbounded ints.
 @_compiled
-def _mix64(x: np.uint64) -> np.uint64:
+def mix64_compiled(x: np.uint64) -> np.uint64:
     x ^= x >> _U33
     x *= _C1
     x ^= x >> _U33
@@ -171,7 +172,7 @@ def _mix64(x: np.uint64) -> np.uint64:
 
 @_compiled
 def _slot_word(geo: NDArray[np.uint64], key: np.uint64, word: Index) -> np.uint64:
-    return _mix64(key ^ geo[_SSEED] ^ (np.uint64(word) * _GOLDEN))
+    return mix64_compiled(key ^ geo[_SSEED] ^ (np.uint64(word) * _GOLDEN))
 
 
 # -- Othello forest ------------------------------------------------------------------------
@@ -563,7 +564,7 @@ def _insert(
     if t.state[_COUNT] >= geo[_CAP]:
         return NEED_GROW
     ma, mb = geo[_MA], geo[_MB]
-    h = _mix64(np.uint64(key) ^ geo[_OSEED])
+    h = mix64_compiled(np.uint64(key) ^ geo[_OSEED])
     a = np.int64(((h & _M32) * ma) >> _U32)
     b = np.int64(ma + (((h >> _U32) * mb) >> _U32))
     # Cycle test before any move: moves only toggle bits, never change edges.
@@ -582,7 +583,7 @@ def _insert(
         moved = True
     fp = np.uint64(0)
     if geo[_FPBITS]:
-        fp = _mix64(np.uint64(key) ^ geo[_FSEED]) >> (_U64 - geo[_FPBITS])
+        fp = mix64_compiled(np.uint64(key) ^ geo[_FSEED]) >> (_U64 - geo[_FPBITS])
     other = b1 if root == b0 else b0
     pos = _place(t, geo, s, root, key, value, fp, other, sig0, -1)
     if pos < 0:
@@ -622,7 +623,7 @@ def apply_writes(
     )
     for i in range(start, len(keys)):
         key = keys[i]
-        x = _mix64(key ^ geo[_BSEED])
+        x = mix64_compiled(key ^ geo[_BSEED])
         b0 = np.int64(((x & _M32) * nb) >> _U32)
         b1 = np.int64(((x >> _U32) * nb) >> _U32)
         k = np.int64(key)

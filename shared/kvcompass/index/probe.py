@@ -31,6 +31,7 @@ from numpy.typing import NDArray
 from kvcompass.hashing import GOLDEN64, MASK32
 from kvcompass.index.geometry import TableGeometry
 from kvcompass.index.image import ImageLayout
+from kvcompass.index.kernel import mix64_compiled as _mix64
 from kvcompass.keys import SHARD_SALT
 
 __all__ = ["N_COLUMNS", "describe", "match_probes", "table_workers", "warm_up"]
@@ -41,7 +42,6 @@ _BSEED, _OSEED, _SSEED, _FSEED, _FSHIFT = range(8, 13)
 N_COLUMNS: Final = 13
 
 _U32 = np.uint64(32)
-_U33 = np.uint64(33)
 _U6 = np.uint64(6)
 _U5 = np.uint64(5)
 _U63 = np.uint64(63)
@@ -52,8 +52,6 @@ _U4 = np.uint64(4)
 _U8 = np.uint64(8)
 _U56 = np.uint64(56)
 _U1 = np.uint64(1)
-_C1 = np.uint64(0xFF51AFD7ED558CCD)
-_C2 = np.uint64(0xC4CEB9FE1A85EC53)
 _M32 = np.uint64(MASK32)
 _GOLDEN = np.uint64(GOLDEN64)
 _SALT = np.uint64(SHARD_SALT)
@@ -75,15 +73,6 @@ def _address_typing(typingctx: Any, addr: Any) -> Any:
 
 #: An integer address as a pointer numba can wrap in an array (compiled code only).
 _address: Any = intrinsic(_address_typing)
-
-
-@_compiled
-def _mix64(x: np.uint64) -> np.uint64:
-    x ^= x >> _U33
-    x *= _C1
-    x ^= x >> _U33
-    x *= _C2
-    return x ^ (x >> _U33)
 
 
 @_compiled
