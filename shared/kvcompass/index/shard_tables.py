@@ -106,10 +106,8 @@ class ShardTables:
             raise BadInput(f"worker {worker} is outside 0..{self.layout.n_workers - 1}")
         table_id, field = self.layout.slots[worker]
         keys, values = self._tables[table_id].items()
-        shift = np.uint64(field << 1)
-        held = keys[((values >> shift) & np.uint64(3)) != 0]
-        clear = np.full(len(held), 3 << (field << 1), dtype=np.uint64)
-        self.write_columns(table_id, held, clear, np.zeros_like(clear), shard_checked=True)
+        held = keys[((values >> np.uint64(field << 1)) & np.uint64(3)) != 0]
+        self.set_tier(held, worker, Tier.ABSENT)
         return len(held)
 
     def write_columns(
