@@ -199,21 +199,29 @@ def _held(
     c: PrefixCache, lengths: tuple[int, ...], namespaces: list[Namespace]
 ) -> dict[tuple[Namespace, tuple[int, ...]], Tier]:
     """Every held prefix at a registration length, from the cache's own answers, and a
-    check of the tree's shape."""
+    check of the tree's shape (runs of consecutive blocks, each under its parent's last
+    block, keyed by its first block, its source starting with its whole path)."""
     held = {}
+    width = BLOCK * 4
     for ns in namespaces:
         root = c._roots.get(ns)
         stack = [] if root is None else [(root, ())]
         while stack:
             node, path = stack.pop()
             assert node.vram_children == sum(c.tier is Tier.VRAM for c in node.children.values())
-            for child in node.children.values():
+            for key, child in node.children.items():
                 if node.parent is not None and node.tier is Tier.DRAM:
                     assert child.tier is Tier.DRAM  # a DRAM block's children are DRAM
-                tokens = (*path, *np.frombuffer(child.data, dtype="<u4").tolist())
-                if len(tokens) in lengths:
-                    held[ns, tokens] = c.match(ns, list(tokens)).tier
-                stack.append((child, tokens))
+                assert child.parent is node
+                assert child.first == node.last + 1 <= child.last
+                assert key == child.source[node.last * width : child.first * width]
+                tokens = np.frombuffer(child.source[: child.last * width], dtype="<u4").tolist()
+                assert tuple(tokens[: len(path)]) == path
+                for depth in range(child.first, child.last + 1):
+                    if depth * BLOCK in lengths:
+                        prefix = tuple(tokens[: depth * BLOCK])
+                        held[ns, prefix] = c.match(ns, list(prefix)).tier
+                stack.append((child, tuple(tokens)))
     return held
 
 

@@ -2,7 +2,9 @@
 
 Per namespace a radix tree of blocks: each node is one block of ``block_size`` token ids
 and its path from the root is the prefix it completes, so a prefix of ``c`` tokens
-(``c`` a block multiple) is held iff the node at depth ``c / block_size`` exists.
+(``c`` a block multiple) is held iff the node at depth ``c / block_size`` exists. The
+tree is stored path-compressed: a chain of blocks in the same state is one run, so a
+prompt of a few hundred blocks is walked and admitted in a few steps, not one per block.
 Capacities are counted in blocks and shared by every namespace (one GPU, one host).
 
 Two invariants keep every held prefix contiguous and give it one tier:
@@ -80,13 +82,25 @@ class CacheMatch:
 
 _VRAM, _DRAM = Tier.VRAM, Tier.DRAM
 
+#: An eviction-heap entry: (the key of a run's last block, the run's version, the run).
+_Entry = tuple[Any, int, "_Run"]
 
-class _Block:
+
+class _Run:
+    """The blocks at depths ``first..last`` of one path, in one state.
+
+    Every block of a run has the same tier, use count, eviction base (a block's key is
+    derived from ``base - depth``) and pin, and each but the last has exactly one child,
+    the next block of the run. So a run's last block is the only one that can be a
+    frontier block, and a prompt walks a run with one bytes comparison instead of a
+    lookup per block. A root is a run of no blocks (depth 0).
+    """
+
     __slots__ = (
+        "base",
         "children",
-        "data",
-        "depth",
-        "key",
+        "first",
+        "last",
         "namespace",
         "parent",
         "pin",
@@ -100,33 +114,31 @@ class _Block:
     def __init__(
         self,
         namespace: Namespace,
-        parent: _Block | None,
-        data: bytes,
+        parent: _Run | None,
         source: bytes,
+        first: int,
+        last: int,
         tier: Tier,
-        depth: int,
-        key: Any,
-        pin: int = 0,
-        uses: int = 0,
+        base: int,
+        uses: int,
+        pin: int,
+        version: int,
     ) -> None:
         self.namespace = namespace
-        self.parent: _Block | None = parent  # None for a root and for a removed block
-        self.data = data  # the block's token ids, uint32 LE (its key in parent.children)
-        # The prompt that admitted it, which starts with its whole path: a report slices
-        # it instead of walking up hundreds of blocks. A reference, not a copy; it keeps
-        # that prompt's bytes alive while any block it admitted is held.
+        self.parent: _Run | None = parent  # None for a root and for a removed run
+        # A prompt that starts with the run's whole path: block d is its slice
+        # [(d - 1) * width, d * width). A reference, not a copy; it keeps that prompt's
+        # bytes alive while the run is held.
         self.source = source
-        self.depth = depth
-        self.children: dict[bytes, _Block] = {}
+        self.first = first
+        self.last = last
+        self.children: dict[bytes, _Run] = {}  # the last block's, by their first block
         self.tier = tier
-        self.key = key  # eviction order, smallest first (PrefixCache._hold sets it)
+        self.base = base
         self.uses = uses
         self.pin = pin  # the operation that pinned it
-        self.version = 0  # bumped whenever its eviction order or tier changes
-        self.vram_children = 0  # kept by promotion, demotion, removal and admission
-
-    def path_data(self) -> bytes:
-        return self.source[: self.depth * len(self.data)]
+        self.version = version  # renewed whenever the last block's key or tier changes
+        self.vram_children = 0  # VRAM runs among ``children``
 
 
 class PrefixCache:
@@ -135,16 +147,20 @@ class PrefixCache:
     ``registration_lengths`` are the lengths the worker registers at (block multiples);
     ``on_change`` receives every change at them, in the order they happen.
 
-    Each tier's frontier blocks wait in a heap of ``(key, version, block)`` entries,
-    pushed whenever a block may have become a frontier block or its order changed and
-    checked when popped (an entry whose version is old, or whose block is no longer a
-    frontier block of that tier, is dropped). ``key`` encodes the policy's order, an int
-    so that comparing two entries is one int comparison: LRU ``(last use, -depth)`` is
+    The tree is kept as runs (:class:`_Run`): a prompt's new blocks are one run, and a
+    run is split only where its blocks' states part (a later prompt uses, promotes or
+    branches off part of it) and grows when a neighbour's block takes its state (a
+    demotion or promotion streaming through a run). Each tier's frontier blocks wait in
+    a heap of ``(key, version, run)`` entries for the run's last block, pushed whenever
+    one may have become a frontier block or its order changed and checked when popped
+    (an entry whose version is old, or whose run's last block is no longer a frontier
+    block of that tier, is dropped). ``key`` encodes the policy's order, an int so that
+    comparing two entries is one int comparison: LRU ``(last use, -depth)`` is
     ``last_use * depth_scale - depth`` (every depth is below ``depth_scale``), FIFO the
     same with the admission tick, LFU ``(uses, that int)``. Two blocks never share a key
-    (one path is touched per tick), so the order is total: among one block's entries
-    the version orders them by age, and two equal entries are the same block's (tuple
-    comparison stops at identical items, so it never compares blocks).
+    (one path is touched per tick), so the order is total; versions come from one
+    counter, so two entries alike in key and version are the same run's (tuple
+    comparison stops at identical items, so it never compares runs).
     """
 
     def __init__(
@@ -164,17 +180,20 @@ class PrefixCache:
         self.capacity = {_VRAM: vram_blocks, _DRAM: dram_blocks}
         self.used = {_VRAM: 0, _DRAM: 0}
         self.policy = EvictionPolicy(policy)
+        self._lfu = self.policy is EvictionPolicy.LFU
+        self._fifo = self.policy is EvictionPolicy.FIFO
         self._registered_depths = frozenset(c // block_size for c in registration_lengths)
         self._registered = sorted(self._registered_depths)
         self._width = block_size * _TOKEN.itemsize
         self._on_change = on_change
-        self._roots: dict[Namespace, _Block] = {}
-        self._heaps: dict[Tier, list[tuple[Any, int, _Block]]] = {_VRAM: [], _DRAM: []}
-        self._next: dict[Tier, tuple[Any, int, _Block] | None] = {_VRAM: None, _DRAM: None}
+        self._roots: dict[Namespace, _Run] = {}
+        self._heaps: dict[Tier, list[_Entry]] = {_VRAM: [], _DRAM: []}
+        self._next: dict[Tier, _Entry | None] = {_VRAM: None, _DRAM: None}
         # A heap is rebuilt from the tree when stale entries make it this long.
         self._heap_limit = {tier: 4 * n + 64 for tier, n in self.capacity.items()}
         self._depth_scale = 1 << (vram_blocks + dram_blocks).bit_length()
         self._ticks = itertools.count(1)
+        self._versions = itertools.count(1)
         self._op = 0
 
     @classmethod
@@ -201,7 +220,7 @@ class PrefixCache:
 
     def match(self, namespace: Namespace, tokens: TokenIds) -> CacheMatch:
         """The longest held prefix of ``tokens`` (read-only: no use is recorded)."""
-        return self._summary(self._path(namespace, _as_bytes(tokens)))
+        return self._summary(self._walk(namespace, _as_bytes(tokens)))
 
     def blocks(self, tier: Tier) -> int:
         return self.used[tier]
@@ -209,13 +228,13 @@ class PrefixCache:
     def held(self) -> Iterator[PrefixChange]:
         """The whole state as ADMIT changes: every held prefix at a registration length,
         in its tier (for a worker that must tell the index everything again)."""
-        registered, block = self._registered_depths, self.block_size
+        registered, width = self._registered_depths, self._width
         for namespace, root in self._roots.items():
-            for node in _subtree(root):
-                if node.depth in registered:
-                    tokens = np.frombuffer(node.path_data(), dtype=_TOKEN)
-                    length = (node.depth * block,)
-                    yield PrefixChange(namespace, EventKind.ADMIT, node.tier, tokens, length)
+            for run, depth in _blocks(root):
+                if depth in registered:
+                    tokens = np.frombuffer(run.source[: depth * width], dtype=_TOKEN)
+                    length = (depth * self.block_size,)
+                    yield PrefixChange(namespace, EventKind.ADMIT, run.tier, tokens, length)
 
     # -- changing --------------------------------------------------------------------
 
@@ -232,171 +251,328 @@ class PrefixCache:
         return self._hold(namespace, tokens, tier)
 
     def clear(self) -> None:
-        """Evict everything, reporting every held registration length."""
+        """Evict everything, reporting every held registration length (deepest first)."""
+        registered, width = self._registered_depths, self._width
         for root in list(self._roots.values()):
-            for node in reversed(list(_subtree(root))):
-                if node.parent is not None:
-                    self._remove(node)
+            for run, depth in reversed(list(_blocks(root))):
+                if depth and depth in registered:
+                    tokens = np.frombuffer(run.source[: depth * width], dtype=_TOKEN)
+                    length = (depth * self.block_size,)
+                    self._emit(run.namespace, EventKind.EVICT, Tier.ABSENT, tokens, length)
         self._roots.clear()
+        self.used = dict.fromkeys(self.used, 0)
         for heap in self._heaps.values():
             heap.clear()
         self._next = dict.fromkeys(self._next)
 
-    # -- internals -------------------------------------------------------------------
+    # -- internals: the tree ----------------------------------------------------------
 
-    def _path(self, namespace: Namespace, data: bytes) -> list[_Block]:
-        """The held blocks of the prompt ``data``, root first (a list: two walks per
-        request over ~200 blocks, where a generator's per-block resume shows)."""
-        path: list[_Block] = []
-        node = self._roots.get(namespace)
-        if node is None:
+    def _walk(self, namespace: Namespace, data: bytes) -> list[tuple[_Run, int]]:
+        """The held runs of the prompt ``data``, root first, each with the depth the
+        prompt matches to (below the last run's ``last`` when it parts inside it)."""
+        path: list[tuple[_Run, int]] = []
+        run = self._roots.get(namespace)
+        if run is None:
             return path
         width = self._width
-        for start in range(0, len(data) - width + 1, width):
-            node = node.children.get(data[start : start + width])
-            if node is None:
+        whole = len(data) // width
+        depth = 0
+        while depth < whole:
+            start = depth * width
+            child = run.children.get(data[start : start + width])
+            if child is None:
                 break
-            path.append(node)
+            end = child.last if child.last <= whole else whole
+            start += width  # its first block matched as the key
+            if end > depth + 1 and data[start : end * width] != child.source[start : end * width]:
+                end = self._agreed(data, child.source, depth + 1, end)
+            path.append((child, end))
+            if end < child.last:
+                break
+            run, depth = child, end
         return path
 
-    def _summary(self, path: list[_Block]) -> CacheMatch:
+    def _agreed(self, data: bytes, source: bytes, good: int, bad: int) -> int:
+        """The depth to which ``data`` and ``source`` agree, knowing they do to depth
+        ``good`` and not to ``bad``: a binary search of bytes comparisons."""
+        width = self._width
+        while bad - good > 1:
+            mid = (good + bad) // 2
+            if data[good * width : mid * width] == source[good * width : mid * width]:
+                good = mid
+            else:
+                bad = mid
+        return good
+
+    def _summary(self, path: list[tuple[_Run, int]]) -> CacheMatch:
         # A path's DRAM blocks are its tail (a DRAM block's children are DRAM blocks).
+        if not path:
+            return CacheMatch()
         dram = 0
-        for node in reversed(path):
-            if node.tier is not _DRAM:
+        for run, end in reversed(path):
+            if run.tier is not _DRAM:
                 break
-            dram += 1
-        return CacheMatch(len(path) * self.block_size, dram * self.block_size)
+            dram += end - run.first + 1
+        return CacheMatch(path[-1][1] * self.block_size, dram * self.block_size)
+
+    def _block(self, run: _Run, depth: int) -> bytes:
+        """The token bytes of block ``depth`` of ``run``: its key among its siblings."""
+        width = self._width
+        return run.source[(depth - 1) * width : depth * width]
+
+    def _split(self, run: _Run, depth: int) -> _Run:
+        """Make ``run``'s blocks up to ``depth`` a run of their own (returned), the
+        parent of what is left of ``run``, which keeps its last block and entries."""
+        parent = run.parent
+        assert parent is not None, "a root is never split"
+        head = _Run(
+            run.namespace,
+            parent,
+            run.source,
+            run.first,
+            depth,
+            run.tier,
+            run.base,
+            run.uses,
+            run.pin,
+            next(self._versions),
+        )
+        parent.children[self._block(run, run.first)] = head  # in place: sibling order kept
+        head.children[self._block(run, depth + 1)] = run
+        head.vram_children = run.tier is _VRAM
+        run.parent = head
+        run.first = depth + 1
+        return head
+
+    def _root(self, namespace: Namespace) -> _Run:
+        root = self._roots.get(namespace)
+        if root is None:
+            version = next(self._versions)
+            root = self._roots[namespace] = _Run(
+                namespace, None, b"", 0, 0, _VRAM, 0, 0, 0, version
+            )
+        return root
+
+    # -- internals: holding a prompt ----------------------------------------------------
 
     def _hold(self, namespace: Namespace, tokens: TokenIds, tier: Tier) -> CacheMatch:
         data = _as_bytes(tokens)
         width = self._width
-        path = self._path(namespace, data)
+        path = self._walk(namespace, data)
         before = self._summary(path)
+        held = path[-1][1] if path else 0
         n_blocks = min(len(data) // width, self.capacity[tier])
         self._op += 1
         op = self._op
-        tick = next(self._ticks)
-        base = tick * self._depth_scale  # a block's LRU key this tick: base - depth
-        lru = self.policy is EvictionPolicy.LRU
-        lfu = self.policy is EvictionPolicy.LFU
+        base = next(self._ticks) * self._depth_scale  # a block's LRU key this tick: base - depth
         vram = tier is _VRAM
-        promoted: list[_Block] = []
-        for node in path[:n_blocks]:
-            node.pin = op
-            if vram and node.tier is _DRAM:
-                if not self._promote(node):
-                    n_blocks = node.depth - 1  # no room: hold only what precedes it
+        # The run holding the last block touched so far (the root before the first).
+        tail = self._roots.get(namespace)
+        promoted: tuple[int, int] | None = None  # depths of the first and last promoted
+        for run, end in path:
+            if run.first > n_blocks:
+                break
+            end = min(end, n_blocks)
+            if vram and run.tier is _DRAM:
+                assert tail is not None, "a held block has a root"
+                first = run.first
+                tail, last = self._promote(run, end, tail, op, base)
+                if last >= first:
+                    promoted = (promoted[0] if promoted else first, last)
+                if last < end:
+                    n_blocks = last  # no room: hold only what precedes it
                     break
-                promoted.append(node)
-            # the use, inlined (once per held block): only a frontier block is queued
-            node.uses += 1
-            if lru:
-                node.key = base - node.depth
-            elif lfu:
-                node.key = (node.uses, base - node.depth)
-            node.version += 1
-            if not (node.vram_children if node.tier is _VRAM else node.children):
-                self._queue(node)
+                continue
+            if end < run.last:
+                run = self._split(run, end)
+            self._touch(run, op, base)
+            tail = run
         admitted: tuple[int, int] | None = None  # depths of the first and last new block
-        if n_blocks > len(path):
-            parent = first = path[-1] if path else self._root(namespace)
-            # The loop runs once per new block (~150 for a long prompt), so it attaches
-            # each in place and looks for no eviction while the tier has room
-            # (_make_room would find nothing to do).
-            used = self.used
-            room = self.capacity[tier] - used[tier]
-            depth = parent.depth
-            for start in range(len(path) * width, n_blocks * width, width):
-                if room > 0:
-                    room -= 1
-                elif not self._make_room(tier):
-                    break
-                depth += 1
-                key = (1, base - depth) if lfu else base - depth
-                block = data[start : start + width]
-                node = _Block(namespace, parent, block, data, tier, depth, key, op, 1)
-                parent.children[block] = node
-                parent.vram_children += vram
-                used[tier] += 1
-                parent = node
-            if parent is not first:
-                # Only the deepest is a frontier block: its ancestors each have a child
-                # now, and become candidates through the removal or demotion below them.
-                self._queue(parent)
-                admitted = (first.depth + 1, parent.depth)
+        if n_blocks > held:
+            parent = tail or self._root(namespace)
+            admitted = self._admit(namespace, data, parent, held, n_blocks, tier, op, base)
         if promoted:
-            span = (promoted[0].depth, promoted[-1].depth)  # one run: a path's DRAM tail
-            self._report(namespace, EventKind.TIER, _VRAM, data, span)
+            self._report(namespace, EventKind.TIER, _VRAM, data, promoted)
         if admitted:
             self._report(namespace, EventKind.ADMIT, tier, data, admitted)
         return before
 
-    def _root(self, namespace: Namespace) -> _Block:
-        root = self._roots.get(namespace)
-        if root is None:
-            root = self._roots[namespace] = _Block(namespace, None, b"", b"", _VRAM, 0, 0)
-        return root
+    def _touch(self, run: _Run, op: int, base: int) -> None:
+        """Record a use of every block of ``run`` (pinning them for operation ``op``)."""
+        run.pin = op
+        run.uses += 1
+        if not self._fifo:  # FIFO orders by admission, which a use does not renew
+            run.base = base
+        run.version = next(self._versions)
+        if not (run.vram_children if run.tier is _VRAM else run.children):
+            self._queue(run)
 
-    def _promote(self, node: _Block) -> bool:
-        parent = node.parent
-        assert parent is not None, "a held block"
-        # Its DRAM slot is freed first, so a demotion made to fit it can take that slot.
-        node.tier = _VRAM
-        parent.vram_children += 1
+    def _promote(self, run: _Run, end: int, tail: _Run, op: int, base: int) -> tuple[_Run, int]:
+        """Promote the DRAM ``run``'s blocks up to depth ``end`` to VRAM, one at a time
+        (each makes room first), recording their use; ``tail`` holds the parent of the
+        first. Returns the run holding the last block promoted and its depth (one less
+        than ``run.first`` when none could be)."""
+        used, capacity = self.used, self.capacity
+        uses = run.uses + 1
+        run_base = run.base if self._fifo else base
+        depth = run.first
+        while depth <= end:
+            # Its DRAM slot is freed first, so a demotion made to fit it can take that slot.
+            used[_DRAM] -= 1
+            if used[_VRAM] >= capacity[_VRAM] and not self._make_room(_VRAM):
+                used[_DRAM] += 1
+                return tail, depth - 1
+            used[_VRAM] += 1
+            if tail.parent is not None and tail.uses == uses and len(tail.children) == 1:
+                # The block joins the run of the one promoted before it, or of the
+                # touched run it hangs from: that run is in VRAM and pinned by this
+                # operation, as the block now is, and used as often, so (as in
+                # _demote_last) it has the same base.
+                tail.last = depth
+                tail.source = run.source
+                if run.last == depth:  # that was the run's last block
+                    tail.children = run.children
+                    for child in tail.children.values():
+                        child.parent = tail
+                    run.parent = None
+                else:
+                    run.first = depth + 1
+                    tail.children = {self._block(run, depth + 1): run}
+            else:
+                holder = run if run.last == depth else self._split(run, depth)
+                holder.tier = _VRAM
+                tail.vram_children += 1
+                holder.uses = uses
+                holder.base = run_base
+                holder.pin = op
+                tail = holder
+            tail.version = next(self._versions)
+            self._queue(tail)  # a frontier block: its children are all in DRAM
+            depth += 1
+        return tail, end
+
+    def _admit(
+        self,
+        namespace: Namespace,
+        data: bytes,
+        parent: _Run,
+        depth: int,
+        n_blocks: int,
+        tier: Tier,
+        op: int,
+        base: int,
+    ) -> tuple[int, int] | None:
+        """Hold blocks ``depth + 1..n_blocks`` of ``data`` in ``tier`` as one new run
+        under ``parent``, as many as room can be made for; their first and last depth.
+        Room is made block by block, as each would be attached: the blocks are pinned,
+        so no victim search sees them."""
         used = self.used
-        used[_DRAM] -= 1
-        if used[_VRAM] >= self.capacity[_VRAM] and not self._make_room(_VRAM):
-            node.tier = _DRAM
-            parent.vram_children -= 1
-            used[_DRAM] += 1
-            return False
-        used[_VRAM] += 1
-        node.version += 1
-        self._queue(node)  # a frontier block: its children are all in DRAM
-        return True
+        room = self.capacity[tier] - used[tier]
+        last = depth
+        while last < n_blocks:
+            if room > 0:
+                room -= 1
+            elif not self._make_room(tier):
+                break
+            used[tier] += 1
+            last += 1
+        if last == depth:
+            return None
+        run = _Run(
+            namespace, parent, data, depth + 1, last, tier, base, 1, op, next(self._versions)
+        )
+        width = self._width
+        parent.children[data[depth * width : (depth + 1) * width]] = run
+        parent.vram_children += tier is _VRAM
+        self._queue(run)  # its last block is a frontier block
+        return depth + 1, last
+
+    # -- internals: making room ---------------------------------------------------------
 
     def _make_room(self, tier: Tier) -> bool:
         """Free one block of ``tier`` if it is full; False when nothing may leave."""
         capacity = self.capacity
         if tier is _DRAM or not capacity[_DRAM]:
             return self._evict(tier)
-        # Demote VRAM's victim to DRAM, evicting DRAM's for it: in the steady state once
-        # per admitted block, so it is written out here rather than as calls.
+        # Demote VRAM's victim to DRAM, evicting DRAM's for it. The victim stays in its
+        # VRAM run while DRAM makes room, where no DRAM victim search can take it.
         used = self.used
         while used[_VRAM] >= capacity[_VRAM]:
-            node = self._victim(_VRAM)
-            if node is None:
+            run = self._victim(_VRAM)
+            if run is None:
                 return False
-            parent = node.parent
-            assert parent is not None, "a victim is held"
-            node.tier = _DRAM  # its VRAM slot is free while DRAM makes room
-            parent.vram_children -= 1
             used[_VRAM] -= 1
             while used[_DRAM] >= capacity[_DRAM]:
                 leaf = self._victim(_DRAM)
                 if leaf is None:
-                    node.tier = _VRAM
-                    parent.vram_children += 1
                     used[_VRAM] += 1
-                    self._queue(node)  # still a frontier block: it was a victim
+                    self._queue(run)  # still a frontier block: it was a victim
                     return False
-                self._remove(leaf)
+                self._remove_last(leaf)
             used[_DRAM] += 1
-            node.version += 1
-            if not node.children:  # a DRAM frontier block
-                heap = self._heaps[_DRAM]
-                heapq.heappush(heap, (node.key, node.version, node))
-                if len(heap) > self._heap_limit[_DRAM]:
-                    self._rebuild(_DRAM)
+            self._demote_last(run)
+        return True
+
+    def _demote_last(self, run: _Run) -> None:
+        """Move ``run``'s last block (a VRAM frontier block) to DRAM. It joins its DRAM
+        child's run when that has its state (a demotion streaming up a run), else it
+        becomes a DRAM run of its own."""
+        parent = run.parent
+        assert parent is not None, "a victim is held"
+        depth = run.last
+        below: _Run | None = None
+        if len(run.children) == 1:
+            (child,) = run.children.values()
+            # A child used as often as its parent has the same state: every use of a
+            # block uses its parent, so both were admitted and used by the same
+            # operations (the same base and pin).
+            if child.tier is _DRAM and child.uses == run.uses:
+                below = child
+        if run.first == depth:  # the whole run leaves VRAM
+            if below is not None:
+                below.first = depth
+                below.parent = parent
+                parent.children[self._block(run, depth)] = below  # in place
+                run.parent = None
+                moved = below
+            else:
+                run.tier = _DRAM
+                run.version = next(self._versions)
+                moved = run
+            parent.vram_children -= 1
             if parent.parent is not None and not parent.vram_children:
                 # It lost its last VRAM child (a VRAM block's parent is a VRAM block).
                 self._queue_next(parent)
-            if node.depth in self._registered_depths:
-                tokens = np.frombuffer(node.path_data(), dtype=_TOKEN)
-                length = node.depth * self.block_size
-                self._emit(node.namespace, EventKind.TIER, _DRAM, tokens, (length,))
-        return True
+        else:
+            if below is not None:
+                below.first = depth
+                moved = below
+            else:
+                moved = _Run(
+                    run.namespace,
+                    run,
+                    run.source,
+                    depth,
+                    depth,
+                    _DRAM,
+                    run.base,
+                    run.uses,
+                    run.pin,
+                    next(self._versions),
+                )
+                moved.children = run.children
+                for child in moved.children.values():
+                    child.parent = moved
+            run.children = {self._block(run, depth): moved}
+            run.vram_children = 0
+            run.last = depth - 1
+            run.version = next(self._versions)
+            self._queue_next(run)  # its new last block lost its only VRAM child
+        if not moved.children and moved.first == depth:  # a DRAM frontier block
+            self._push(_DRAM, (self._key(moved), moved.version, moved))
+        if depth in self._registered_depths:
+            tokens = np.frombuffer(run.source[: depth * self._width], dtype=_TOKEN)
+            self._emit(run.namespace, EventKind.TIER, _DRAM, tokens, (depth * self.block_size,))
 
     def _evict(self, tier: Tier) -> bool:
         """Remove blocks of ``tier`` until it has room; False when nothing may leave."""
@@ -405,56 +581,69 @@ class PrefixCache:
             victim = self._victim(tier)
             if victim is None:
                 return False
-            self._remove(victim)
+            self._remove_last(victim)
         return True
 
-    def _remove(self, node: _Block) -> None:
-        parent = node.parent
-        assert parent is not None, "the root is never removed"
-        assert not node.children, "only leaves leave the cache"
-        del parent.children[node.data]
-        tier = node.tier
-        if tier is _VRAM:
-            parent.vram_children -= 1
+    def _remove_last(self, run: _Run) -> None:
+        """Remove ``run``'s last block, a leaf."""
+        assert not run.children, "only leaves leave the cache"
+        depth = run.last
+        tier = run.tier
         self.used[tier] -= 1
-        node.version += 1
-        node.parent = None  # marks it gone for the heaps
-        # A root stays, even empty: a prompt may be growing under it.
-        if parent.parent is not None and not (
-            parent.children if parent.tier is _DRAM else parent.vram_children
-        ):
-            self._queue_next(parent)
-        if node.depth in self._registered_depths:
-            tokens = np.frombuffer(node.path_data(), dtype=_TOKEN)
-            length = node.depth * self.block_size
-            self._emit(node.namespace, EventKind.EVICT, Tier.ABSENT, tokens, (length,))
+        source = run.source
+        if run.first == depth:
+            parent = run.parent
+            assert parent is not None, "the root is never removed"
+            del parent.children[self._block(run, depth)]
+            if tier is _VRAM:
+                parent.vram_children -= 1
+            run.parent = None  # marks it gone for the heaps
+            # A root stays, even empty: a prompt may be growing under it.
+            if parent.parent is not None and not (
+                parent.children if parent.tier is _DRAM else parent.vram_children
+            ):
+                self._queue_next(parent)
+        else:
+            run.last = depth - 1
+            run.version = next(self._versions)
+            self._queue_next(run)  # its new last block lost its only child
+        if depth in self._registered_depths:
+            tokens = np.frombuffer(source[: depth * self._width], dtype=_TOKEN)
+            length = depth * self.block_size
+            self._emit(run.namespace, EventKind.EVICT, Tier.ABSENT, tokens, (length,))
 
-    def _candidate(self, node: _Block, tier: Tier) -> bool:
-        if node.parent is None or node.tier is not tier:
+    # -- internals: the victim heaps ----------------------------------------------------
+
+    def _key(self, run: _Run) -> Any:
+        key = run.base - run.last
+        return (run.uses, key) if self._lfu else key
+
+    def _candidate(self, run: _Run, tier: Tier) -> bool:
+        """Whether ``run``'s last block is a frontier block of ``tier``."""
+        if run.parent is None or run.tier is not tier:
             return False
-        return not node.children if tier is _DRAM else not node.vram_children
+        return not run.children if tier is _DRAM else not run.vram_children
 
-    def _queue(self, node: _Block) -> None:
-        """Queue the frontier block ``node`` as a victim of its tier."""
-        tier = node.tier
+    def _queue(self, run: _Run) -> None:
+        """Queue ``run``'s last block, a frontier block, as a victim of its tier."""
+        self._push(run.tier, (self._key(run), run.version, run))
+
+    def _push(self, tier: Tier, entry: _Entry) -> None:
         heap = self._heaps[tier]
-        heapq.heappush(heap, (node.key, node.version, node))
+        heapq.heappush(heap, entry)
         if len(heap) > self._heap_limit[tier]:
             self._rebuild(tier)
 
-    def _queue_next(self, node: _Block) -> None:
-        """Queue the frontier block ``node``, likely its tier's next victim, beside the
-        heap: the parent a demotion or removal has just bared. LRU and FIFO empty a tier
-        a path at a time, bottom up, so the next victim search takes it from there
-        without a push and a pop; the one it displaces goes into the heap."""
-        tier = node.tier
+    def _queue_next(self, run: _Run) -> None:
+        """Queue ``run``'s last block, a frontier block likely its tier's next victim,
+        beside the heap: the block a demotion or removal has just bared. LRU and FIFO
+        empty a tier a path at a time, bottom up, so the next victim search takes it
+        from there without a push and a pop; the one it displaces goes into the heap."""
+        tier = run.tier
         displaced = self._next[tier]
-        self._next[tier] = (node.key, node.version, node)
+        self._next[tier] = (self._key(run), run.version, run)
         if displaced is not None:
-            heap = self._heaps[tier]
-            heapq.heappush(heap, displaced)
-            if len(heap) > self._heap_limit[tier]:
-                self._rebuild(tier)
+            self._push(tier, displaced)
 
     def _rebuild(self, tier: Tier) -> None:
         """Drop the heap's stale entries; it changes no victim. Every frontier block
@@ -465,17 +654,18 @@ class PrefixCache:
         the DRAM slot the promotion freed."""
         heap = self._heaps[tier]  # in place: callers may hold the list
         heap[:] = [
-            (n.key, n.version, n)
+            (self._key(run), run.version, run)
             for root in self._roots.values()
-            for n in _subtree(root)
-            if self._candidate(n, tier)
+            for run in _runs(root)
+            if self._candidate(run, tier)
         ]
         heapq.heapify(heap)
         self._next[tier] = None
 
-    def _victim(self, tier: Tier) -> _Block | None:
-        """The first unpinned frontier block of ``tier`` (by key) from the heap and the
-        entry beside it, taken out; None when every frontier block is pinned."""
+    def _victim(self, tier: Tier) -> _Run | None:
+        """The run whose last block is the first unpinned frontier block of ``tier`` (by
+        key), its entry taken out of the heap or from beside it; None when every
+        frontier block is pinned."""
         heap = self._heaps[tier]
         beside = self._next[tier]
         self._next[tier] = None
@@ -490,23 +680,25 @@ class PrefixCache:
                 entry = heapq.heappop(heap)
             else:
                 break
-            node = entry[2]
+            run = entry[2]
             if (
-                entry[1] != node.version
-                or node.parent is None
-                or node.tier is not tier
-                or (node.children if dram else node.vram_children)
+                entry[1] != run.version
+                or run.parent is None
+                or run.tier is not tier
+                or (run.children if dram else run.vram_children)
             ):
                 continue  # stale: superseded by a later entry or no longer a frontier
-            if node.pin == op:
+            if run.pin == op:
                 pinned.append(entry)
                 continue
-            victim = node
+            victim = run
             break
         self._next[tier] = beside
         for entry in pinned:
             heapq.heappush(heap, entry)
         return victim
+
+    # -- internals: reporting -------------------------------------------------------------
 
     def _report(
         self,
@@ -536,13 +728,21 @@ class PrefixCache:
             self._on_change(PrefixChange(namespace, kind, tier, tokens, lengths))
 
 
-def _subtree(root: _Block) -> Iterator[_Block]:
-    """``root`` and its descendants, parents before children."""
+def _runs(root: _Run) -> Iterator[_Run]:
+    """``root`` and the runs below it, parents before children (the last child first)."""
     stack = [root]
     while stack:
-        node = stack.pop()
-        yield node
-        stack.extend(node.children.values())
+        run = stack.pop()
+        yield run
+        stack.extend(run.children.values())
+
+
+def _blocks(root: _Run) -> Iterator[tuple[_Run, int]]:
+    """Every block under ``root`` (and the root, depth 0) as (its run, its depth), in
+    the order of a walk that visits a block's children last child first."""
+    for run in _runs(root):
+        for depth in range(run.first, run.last + 1):
+            yield run, depth
 
 
 def _as_bytes(tokens: TokenIds) -> bytes:
