@@ -467,13 +467,9 @@ class PrefixCache:
         Room is made block by block, as each would be attached: the blocks are pinned,
         so no victim search sees them."""
         used = self.used
-        room = self.capacity[tier] - used[tier]
-        last = depth
-        while last < n_blocks:
-            if room > 0:
-                room -= 1
-            elif not self._make_room(tier):
-                break
+        last = min(n_blocks, depth + self.capacity[tier] - used[tier])  # what fits now
+        used[tier] += last - depth
+        while last < n_blocks and self._make_room(tier):
             used[tier] += 1
             last += 1
         if last == depth:
