@@ -375,13 +375,8 @@ class PrefixCache:
             end = min(end, n_blocks)
             if vram and run.tier is _DRAM:
                 assert tail is not None, "a held block has a root"
-                first = run.first
-                tail, last = self._promote(run, end, tail, op, base)
-                if last >= first:
-                    promoted = (promoted[0] if promoted else first, last)
-                if last < end:
-                    n_blocks = last  # no room: hold only what precedes it
-                    break
+                promoted = (promoted[0] if promoted else run.first, end)
+                tail = self._promote(run, end, tail, op, base)
                 continue
             if end < run.last:
                 run = self._split(run, end)
@@ -407,49 +402,51 @@ class PrefixCache:
         if not (run.vram_children if run.tier is _VRAM else run.children):
             self._queue(run)
 
-    def _promote(self, run: _Run, end: int, tail: _Run, op: int, base: int) -> tuple[_Run, int]:
-        """Promote the DRAM ``run``'s blocks up to depth ``end`` to VRAM, one at a time
-        (each makes room first), recording their use; ``tail`` holds the parent of the
-        first. Returns the run holding the last block promoted and its depth (one less
-        than ``run.first`` when none could be)."""
+    def _promote(self, run: _Run, end: int, tail: _Run, op: int, base: int) -> _Run:
+        """Promote the DRAM ``run``'s blocks up to depth ``end`` to VRAM, recording their
+        use; ``tail`` holds the parent of the first. Returns the run now holding them.
+
+        Room is made for all of them before they move, as if each made its own: the
+        blocks and their parent are pinned, so no victim search sees them, and the
+        demoted blocks take the DRAM slots the promoted ones free, so nothing is
+        evicted. Room can always be made: a prompt holds at most VRAM-many blocks, so
+        while VRAM is full some VRAM block is off its path, and below it an unpinned
+        frontier block."""
         used, capacity = self.used, self.capacity
+        count = end - run.first + 1
+        used[_DRAM] -= count
+        short = count - (capacity[_VRAM] - used[_VRAM])
+        if short > 0:
+            made = self._make_room(_VRAM, short)
+            assert made == short, "an unpinned VRAM block can always be demoted"
+        used[_VRAM] += count
         uses = run.uses + 1
-        run_base = run.base if self._fifo else base
-        depth = run.first
-        while depth <= end:
-            # Its DRAM slot is freed first, so a demotion made to fit it can take that slot.
-            used[_DRAM] -= 1
-            if used[_VRAM] >= capacity[_VRAM] and not self._make_room(_VRAM):
-                used[_DRAM] += 1
-                return tail, depth - 1
-            used[_VRAM] += 1
-            if tail.parent is not None and tail.uses == uses and len(tail.children) == 1:
-                # The block joins the run of the one promoted before it, or of the
-                # touched run it hangs from: that run is in VRAM and pinned by this
-                # operation, as the block now is, and used as often, so (as in
-                # _demote_last) it has the same base.
-                tail.last = depth
-                tail.source = run.source
-                if run.last == depth:  # that was the run's last block
-                    tail.children = run.children
-                    for child in tail.children.values():
-                        child.parent = tail
-                    run.parent = None
-                else:
-                    run.first = depth + 1
-                    tail.children = {self._block(run, depth + 1): run}
+        if tail.parent is not None and tail.uses == uses and len(tail.children) == 1:
+            # They join the touched run they hang from: that run is in VRAM and pinned
+            # by this operation, as they now are, and used as often, so (as in
+            # _demote_last) it has the same base.
+            tail.last = end
+            tail.source = run.source
+            if run.last == end:  # the whole run moves
+                tail.children = run.children
+                for child in tail.children.values():
+                    child.parent = tail
+                run.parent = None
             else:
-                holder = run if run.last == depth else self._split(run, depth)
-                holder.tier = _VRAM
-                tail.vram_children += 1
-                holder.uses = uses
-                holder.base = run_base
-                holder.pin = op
-                tail = holder
-            tail.version = next(self._versions)
-            self._queue(tail)  # a frontier block: its children are all in DRAM
-            depth += 1
-        return tail, end
+                run.first = end + 1
+                tail.children = {self._block(run, end + 1): run}
+        else:
+            holder = run if run.last == end else self._split(run, end)
+            holder.tier = _VRAM
+            tail.vram_children += 1
+            holder.uses = uses
+            if not self._fifo:
+                holder.base = base
+            holder.pin = op
+            tail = holder
+        tail.version = next(self._versions)
+        self._queue(tail)  # a frontier block: its children are all in DRAM
+        return tail
 
     def _admit(
         self,
@@ -468,10 +465,9 @@ class PrefixCache:
         so no victim search sees them."""
         used = self.used
         last = min(n_blocks, depth + self.capacity[tier] - used[tier])  # what fits now
+        if last < n_blocks:
+            last += self._make_room(tier, n_blocks - last)
         used[tier] += last - depth
-        while last < n_blocks and self._make_room(tier):
-            used[tier] += 1
-            last += 1
         if last == depth:
             return None
         run = _Run(
@@ -485,34 +481,48 @@ class PrefixCache:
 
     # -- internals: making room ---------------------------------------------------------
 
-    def _make_room(self, tier: Tier) -> bool:
-        """Free one block of ``tier`` if it is full; False when nothing may leave."""
-        capacity = self.capacity
-        if tier is _DRAM or not capacity[_DRAM]:
-            return self._evict(tier)
-        # Demote VRAM's victim to DRAM, evicting DRAM's for it. The victim stays in its
+    def _make_room(self, tier: Tier, wanted: int) -> int:
+        """Free ``wanted`` blocks of the full ``tier``, one at a time in victim order;
+        how many were freed (fewer when nothing more may leave)."""
+        if tier is _DRAM or not self.capacity[_DRAM]:
+            return self._evict(tier, wanted)
+        # Demote VRAM's victims to DRAM, evicting DRAM's for them. A victim stays in its
         # VRAM run while DRAM makes room, where no DRAM victim search can take it.
-        used = self.used
-        while used[_VRAM] >= capacity[_VRAM]:
-            run = self._victim(_VRAM)
+        used, dram_blocks = self.used, self.capacity[_DRAM]
+        made = 0
+        run = leaf = None  # the runs whose last blocks leave next, not queued meanwhile
+        while made < wanted:
             if run is None:
-                return False
+                run = self._victim(_VRAM)
+                if run is None:
+                    break
             used[_VRAM] -= 1
-            while used[_DRAM] >= capacity[_DRAM]:
-                leaf = self._victim(_DRAM)
-                if leaf is None:
-                    used[_VRAM] += 1
-                    self._queue(run)  # still a frontier block: it was a victim
-                    return False
-                self._remove_last(leaf)
+            if used[_DRAM] >= dram_blocks:
+                if leaf is None or not self._ahead_of_queue(leaf):
+                    if leaf is not None:
+                        self._queue_next(leaf)
+                    leaf = self._victim(_DRAM)
+                    if leaf is None:
+                        used[_VRAM] += 1
+                        self._queue(run)  # still a frontier block: it was a victim
+                        return made
+                if not self._remove_last(leaf):
+                    leaf = None
             used[_DRAM] += 1
-            self._demote_last(run)
-        return True
+            made += 1
+            if not self._demote_last(run):
+                run = None
+        for rest in (run, leaf):
+            if rest is not None:
+                self._queue_next(rest)
+        return made
 
-    def _demote_last(self, run: _Run) -> None:
+    def _demote_last(self, run: _Run) -> bool:
         """Move ``run``'s last block (a VRAM frontier block) to DRAM. It joins its DRAM
         child's run when that has its state (a demotion streaming up a run), else it
-        becomes a DRAM run of its own."""
+        becomes a DRAM run of its own. Whether ``run`` keeps VRAM blocks: its new last
+        block is then VRAM's next victim (no other block's key lies between two depths
+        of one run) and is not queued here."""
         parent = run.parent
         assert parent is not None, "a victim is held"
         depth = run.last
@@ -539,6 +549,7 @@ class PrefixCache:
             if parent.parent is not None and not parent.vram_children:
                 # It lost its last VRAM child (a VRAM block's parent is a VRAM block).
                 self._queue_next(parent)
+            kept = False
         else:
             if below is not None:
                 below.first = depth
@@ -563,25 +574,36 @@ class PrefixCache:
             run.vram_children = 0
             run.last = depth - 1
             run.version = next(self._versions)
-            self._queue_next(run)  # its new last block lost its only VRAM child
-        if not moved.children and moved.first == depth:  # a DRAM frontier block
+            kept = True
+        if moved.last == depth and not moved.children:  # a DRAM frontier block
             self._push(_DRAM, (self._key(moved), moved.version, moved))
         if depth in self._registered_depths:
             tokens = np.frombuffer(run.source[: depth * self._width], dtype=_TOKEN)
             self._emit(run.namespace, EventKind.TIER, _DRAM, tokens, (depth * self.block_size,))
+        return kept
 
-    def _evict(self, tier: Tier) -> bool:
-        """Remove blocks of ``tier`` until it has room; False when nothing may leave."""
-        used, full = self.used, self.capacity[tier]
-        while used[tier] >= full:
-            victim = self._victim(tier)
-            if victim is None:
-                return False
-            self._remove_last(victim)
-        return True
+    def _evict(self, tier: Tier, wanted: int) -> int:
+        """Remove ``wanted`` blocks of ``tier`` in victim order; how many were removed
+        (fewer when nothing more may leave)."""
+        made = 0
+        run = None  # the run whose last block leaves next, not queued meanwhile
+        while made < wanted:
+            if run is None:
+                run = self._victim(tier)
+                if run is None:
+                    break
+            made += 1
+            if not self._remove_last(run):
+                run = None
+        if run is not None:
+            self._queue_next(run)
+        return made
 
-    def _remove_last(self, run: _Run) -> None:
-        """Remove ``run``'s last block, a leaf."""
+    def _remove_last(self, run: _Run) -> bool:
+        """Remove ``run``'s last block, a leaf. Whether ``run`` keeps blocks: its new
+        last block is then a frontier block, not queued here; unless a block of the tier
+        became a frontier block meanwhile (a demotion's), it is the tier's next victim,
+        as no other block's key lies between two depths of one run."""
         assert not run.children, "only leaves leave the cache"
         depth = run.last
         tier = run.tier
@@ -599,14 +621,23 @@ class PrefixCache:
                 parent.children if parent.tier is _DRAM else parent.vram_children
             ):
                 self._queue_next(parent)
+            kept = False
         else:
             run.last = depth - 1
             run.version = next(self._versions)
-            self._queue_next(run)  # its new last block lost its only child
+            kept = True
         if depth in self._registered_depths:
             tokens = np.frombuffer(source[: depth * self._width], dtype=_TOKEN)
             length = depth * self.block_size
             self._emit(run.namespace, EventKind.EVICT, Tier.ABSENT, tokens, (length,))
+        return kept
+
+    def _ahead_of_queue(self, run: _Run) -> bool:
+        """Whether ``run``'s last block comes before every entry of its tier's queue
+        (stale entries included, so a False may be wrong but a True is not)."""
+        key = self._key(run)
+        heap, beside = self._heaps[run.tier], self._next[run.tier]
+        return (not heap or key < heap[0][0]) and (beside is None or key < beside[0])
 
     # -- internals: the victim heaps ----------------------------------------------------
 
@@ -643,11 +674,9 @@ class PrefixCache:
 
     def _rebuild(self, tier: Tier) -> None:
         """Drop the heap's stale entries; it changes no victim. Every frontier block
-        has a live entry: it was queued when it last became one or changed order, and
-        the one way back to the frontier without a queueing (a child's promotion that
-        fails after a victim search dropped the parent's entry) never happens: a prompt
-        holds at most VRAM-many blocks, so some unpinned VRAM block can always move to
-        the DRAM slot the promotion freed."""
+        has a live entry: it was queued when it last became one or changed order (the
+        one way back to the frontier without a queueing, a promotion that fails after a
+        victim search dropped the parent's entry, never happens: see _promote)."""
         heap = self._heaps[tier]  # in place: callers may hold the list
         heap[:] = [
             (self._key(run), run.version, run)
