@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -45,8 +46,22 @@ def _prompt(rng: random.Random) -> list[int]:
     return tokens + [7] * rng.choice([0, 0, 1])
 
 
+def _long_prompt(rng: random.Random) -> list[int]:
+    """Prompts of up to 50 blocks that repeat a block for a while, so that the cache's
+    runs of blocks are long and are split, demoted and promoted part-way."""
+    n = rng.choice([1, 5, 12, 20, 33, 47])
+    blocks = [rng.randrange(3)] * rng.randrange(1, 8) + [rng.randrange(3) for _ in range(n)]
+    tokens = [b * 10 + i for b in blocks for i in range(BLOCK)]
+    return tokens + [7] * rng.choice([0, 1])
+
+
 def _run(
-    seed: int, policy: EvictionPolicy, vram: int, dram: int, ops: int
+    seed: int,
+    policy: EvictionPolicy,
+    vram: int,
+    dram: int,
+    ops: int,
+    prompt: Callable[[random.Random], list[int]] = _prompt,
 ) -> tuple[list[Any], list[Any], int]:
     """The two caches' (results, changes) side by side, and how often the heaps were
     rebuilt (the rare path through which lost frontier blocks come back)."""
@@ -68,7 +83,7 @@ def _run(
                 rebuild(tier)
 
             cache._rebuild = counted
-        hot = [(NAMESPACES[0], _prompt(rng))]
+        hot = [(NAMESPACES[0], prompt(rng))]
         burst, repeated = 0, hot[0]
         for _ in range(ops):
             if burst == 0 and rng.random() < 0.01:
@@ -81,7 +96,7 @@ def _run(
             elif rng.random() < 0.3:
                 ns, tokens = rng.choice(hot)
             else:
-                ns, tokens = rng.choice(NAMESPACES), _prompt(rng)
+                ns, tokens = rng.choice(NAMESPACES), prompt(rng)
                 hot = [*hot[-3:], (ns, tokens)]
             op = rng.random()
             if op < 0.6:
@@ -113,6 +128,14 @@ def test_every_result_and_change_equals_the_reference(
         assert new[1] == old[1], f"changes differ (seed {seed})"
         rebuilt += rebuilds
     assert rebuilt > 0  # the heaps' rebuild was exercised too
+
+
+@pytest.mark.parametrize("policy", list(EvictionPolicy))
+@pytest.mark.parametrize(("vram", "dram"), [(60, 150), (50, 20), (48, 0)])
+def test_long_prompts_too(policy: EvictionPolicy, vram: int, dram: int) -> None:
+    for seed in range(2):
+        old, new, _ = _run(seed, policy, vram, dram, ops=1000, prompt=_long_prompt)
+        assert new == old, f"seed {seed}"
 
 
 def test_the_comparison_sees_changes() -> None:
