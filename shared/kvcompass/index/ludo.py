@@ -40,6 +40,11 @@ __all__ = ["MAX_CUCKOO_MOVES", "LudoTable", "compile_write_kernel"]
 #: Fresh Othello hash seeds to try after a cycle before growing the table instead.
 _OTHELLO_ATTEMPTS = 16
 _EMPTY = -1
+#: Results for "nothing dirty", shared by every patch (so empty and read-only).
+_NO_BUCKETS = np.zeros(0, dtype=np.int64)
+_NO_BUCKETS.setflags(write=False)
+_NO_WORDS = WordImages()
+_NO_WORDS.values.setflags(write=False)
 
 
 class LudoTable:
@@ -114,6 +119,9 @@ class LudoTable:
             state=np.zeros(3, dtype=np.int64),
         )
         self._othello = OthelloGraph(g.n_nodes, g.n_words, g.capacity)
+        # Per-bucket rows of the cells and fingerprints, made once for every patch.
+        self._cell_rows = self._t.cells.reshape(-1, 4)
+        self._fp_rows = fps.reshape(-1, 4) if g.fingerprint_bits else None
         self._geo = kernel.geometry_vector(g)
         self._value_mask = g.value_mask
         self._othello_reset = False
@@ -437,7 +445,7 @@ class LudoTable:
             othello.take_dirty_words()
             return TablePatch(g.generation, reload=self.view_image())
         reset = None
-        words = WordImages()
+        words = _NO_WORDS
         dirty_words = othello.take_dirty_words()
         if self._othello_reset:
             reset = OthelloReset(g.othello_seed, othello.words.tobytes())
@@ -447,19 +455,22 @@ class LudoTable:
         buckets = None
         b = self._take_dirty_buckets()
         if len(b):
-            t = self._t
+            fp_rows = self._fp_rows
             buckets = BucketImages(
                 b,
-                t.seeds[b],
-                t.cells.reshape(-1, 4)[b],
-                t.fps.reshape(-1, 4)[b] if g.fingerprint_bits else None,
+                self._t.seeds[b],
+                self._cell_rows[b],
+                None if fp_rows is None else fp_rows[b],
             )
         return TablePatch(g.generation, buckets, words, reset)
 
     def _take_dirty_buckets(self) -> NDArray[np.int64]:
         """Buckets written since the last call (each once), and forget them."""
         t = self._t
-        buckets = t.dirty_buckets[: t.state[1]].copy()
+        n = int(t.state[1])
+        if not n:
+            return _NO_BUCKETS
+        buckets = t.dirty_buckets[:n].copy()
         t.bucket_dirty[buckets] = 0
         t.state[1] = 0
         return buckets
