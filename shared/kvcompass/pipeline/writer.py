@@ -367,9 +367,11 @@ class ShardWriter:
             reload_key = persist(self._snapshot(next_seq=seq + 1))
         tables = []
         for table_id, patch in sorted(self.tables.take_patches().items()):
-            if patch.reload is not None and reload_key is not None:
+            if patch.reload is None:
+                tables.append(TablePatchWire.of_table(table_id, patch))
+            elif reload_key is not None:
                 tables.append(TablePatchWire(table_id, TableReload(patch.generation, reload_key)))
-            else:
+            else:  # refused: a view image does not travel inline
                 tables.append(TablePatchWire(table_id, patch))
         self._generations = generations
         if not tables and self.events_offset == self._flushed_offset:
