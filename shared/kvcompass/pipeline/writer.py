@@ -300,8 +300,9 @@ class ShardWriter:
                     keys, clear, bits = (
                         np.concatenate(column) for column in zip(*parts, strict=True)
                     )
-                # Every staged key passed _check: of this shard.
-                self.tables.write_columns(table_id, keys, clear, bits, shard_checked=True)
+                # Checked columns: keys of a checked batch that passed _check (63-bit,
+                # of this shard), bits of a checked tier in the worker's field.
+                self.tables.write_columns(table_id, keys, clear, bits, checked=True)
         except InvariantBroken as exc:
             self._broken = f"write to shard {self.shard} failed: {exc}"
             raise
