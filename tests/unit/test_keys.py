@@ -23,6 +23,7 @@ from kvcompass.keys import (
     first_foreign_key,
     prefix_key,
     prefix_keys,
+    shard_list,
     shard_of,
     shard_of_array,
 )
@@ -219,6 +220,7 @@ def test_shard_of_array_matches_scalar(n_shards: int) -> None:
     shards = shard_of_array(keys, n_shards)
     assert shards.dtype == np.int64
     assert shards.tolist() == [shard_of(int(k), n_shards) for k in keys]
+    assert shard_list(keys.tolist(), n_shards) == shards.tolist()
     assert all(0 <= s < n_shards for s in shards.tolist())
 
 
@@ -259,6 +261,11 @@ def test_shard_arguments_validated() -> None:
         shard_of_array(np.zeros(1, dtype=np.uint64), 0)
     with pytest.raises(ValueError, match="64-bit"):
         shard_of(-1, 4)
+    with pytest.raises(ValueError, match="n_shards"):
+        shard_list([], 0)
+    for bad in (-1, MASK64 + 1):
+        with pytest.raises(ValueError, match=f"64-bit unsigned integer, got {bad}$"):
+            shard_list([1, bad, 2], 4)
     for n_keys in (0, 1, 100):  # the scalar and the vectorised path
         with pytest.raises(ValueError, match="n_shards"):
             first_foreign_key(np.zeros(n_keys, dtype=np.uint64), 0, 0)
