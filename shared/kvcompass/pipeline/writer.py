@@ -275,10 +275,10 @@ class ShardWriter:
             shift = 2 * field
             tiers = batch.tier_array
             if len(tiers) == 1:  # the usual batch: one event, one tier (no np.repeat)
-                bits = np.full(len(keys), int(tiers[0]) << shift, dtype=np.uint64)
+                bits = _filled(len(keys), int(tiers[0]) << shift)
             else:
                 bits = batch.key_tiers().astype(np.uint64) << np.uint64(shift)
-            clear = np.full(len(keys), 3 << shift, dtype=np.uint64)
+            clear = _filled(len(keys), 3 << shift)
             self._staged.setdefault(table_id, []).append((keys, clear, bits))
         self.applied_keys += len(keys)
         self.restarts += admission is Admission.RESTART
@@ -360,7 +360,9 @@ class ShardWriter:
         self.write_staged()
         seq = self.next_seq
         generations = self.tables.generations
-        grown = [t for t, g in generations.items() if g != self._generations[t]]
+        grown = []
+        if generations != self._generations:  # a table grew: rare
+            grown = [t for t, g in generations.items() if g != self._generations[t]]
         reload_key = None
         if grown:
             if persist is None:
@@ -419,3 +421,11 @@ class ShardWriter:
             topology_digest=self.topology_digest,
         )
         return ShardSnapshot(meta, views, keys)
+
+
+def _filled(n: int, value: int) -> NDArray[np.uint64]:
+    """``np.full(n, value, np.uint64)`` at under half its cost for a batch's few keys
+    (np.full is a Python function around copyto)."""
+    column = np.empty(n, dtype=np.uint64)
+    column.fill(value)
+    return column
