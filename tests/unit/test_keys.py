@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvcompass.hashing import MASK63, MASK64
+from kvcompass.index import kernel
 from kvcompass.keys import (
     DEFAULT_KEY_HASH,
     SHARD_SALT,
@@ -238,6 +239,24 @@ def test_first_foreign_key_matches_the_vectorised_shards(
     owners = shard_of_array(array, n_shards).tolist()
     foreign = [(j, owner) for j, owner in enumerate(owners) if owner != shard]
     assert first_foreign_key(array, n_shards, shard) == (foreign[0] if foreign else None)
+
+
+@given(
+    st.lists(st.integers(0, MASK64), max_size=40),
+    st.integers(1, 20),
+    st.data(),
+)
+def test_the_compiled_batch_check_matches_first_foreign_key(
+    keys: list[int], n_shards: int, data: st.DataObject
+) -> None:
+    # The maintenance unit's writer checks every batch with kernel.first_foreign.
+    shard = data.draw(st.integers(0, n_shards - 1))
+    own = [k for k in keys if shard_of(k, n_shards) == shard]
+    for column in (own, own + keys, keys):
+        array = np.array(column, dtype=np.uint64)
+        found = first_foreign_key(array, n_shards, shard)
+        want = -1 if found is None else found[0]
+        assert kernel.first_foreign(array, n_shards, shard) == want
 
 
 @pytest.mark.parametrize("source", ["random", "sequential"])

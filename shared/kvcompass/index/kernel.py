@@ -21,6 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvcompass.index.geometry import TableGeometry
+from kvcompass.keys import SHARD_SALT
 
 __all__ = [
     "CYCLE",
@@ -33,6 +34,7 @@ __all__ = [
     "TableArrays",
     "apply_writes",
     "find_seed",
+    "first_foreign",
     "geometry_vector",
     "mark_buckets",
     "othello_add_edge",
@@ -168,6 +170,22 @@ def mix64_compiled(x: np.uint64) -> np.uint64:
     x ^= x >> _U33
     x *= _C2
     return x ^ (x >> _U33)
+
+
+_SHARD_SALT = np.uint64(SHARD_SALT)
+
+
+@_compiled
+def first_foreign(keys: NDArray[np.uint64], n_shards: Index, shard: Index) -> int:
+    """Index of the first key not of ``shard`` (:func:`kvcompass.keys.shard_of`), -1 if
+    every key is: a maintenance unit checks every batch so, where hashing a few keys in
+    Python costs microseconds (tests hold it to :func:`kvcompass.keys.first_foreign_key`).
+    """
+    n = np.uint64(n_shards)
+    for j in range(len(keys)):
+        if np.int64(mix64_compiled(keys[j] ^ _SHARD_SALT) % n) != shard:
+            return j
+    return -1
 
 
 @_compiled

@@ -27,10 +27,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvcompass.errors import BadInput, ConfigError, InvariantBroken
+from kvcompass.index import kernel
 from kvcompass.index.errors import SnapshotError
 from kvcompass.index.layout import IndexLayout
 from kvcompass.index.shard_tables import ShardTables
-from kvcompass.keys import first_foreign_key
+from kvcompass.keys import shard_of
 from kvcompass.pipeline.clock import Clock
 from kvcompass.pipeline.sequences import Admission, WorkerSequences
 from kvcompass.snapshot import ShardSnapshot, SnapshotMeta
@@ -328,9 +329,11 @@ class ShardWriter:
             raise BadEvent(f"worker {batch.worker_id!r} is in {region!r}, not {batch.region!r}")
         # A batch's tiers already match its kinds (KVEventBatch refuses anything else).
         keys = batch.key_array
-        foreign = first_foreign_key(keys, self.n_shards, self.shard) if len(keys) else None
-        if foreign is not None:
-            j, owner = foreign
+        # A writable copy: a decoded batch's read-only (maybe unaligned) keys would make
+        # numba compile the check again on the hot path.
+        j = kernel.first_foreign(keys.copy(), self.n_shards, self.shard) if len(keys) else -1
+        if j >= 0:
+            owner = shard_of(int(keys[j]), self.n_shards)
             raise BadEvent(
                 f"events[{batch.event_of_key(j)}]: key {int(keys[j])} "
                 f"(length {int(batch.length_array[j])}) belongs to shard {owner}"
