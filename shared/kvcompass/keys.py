@@ -43,6 +43,7 @@ __all__ = [
     "TokenIds",
     "prefix_key",
     "prefix_keys",
+    "shard_list",
     "shard_of",
     "shard_of_array",
 ]
@@ -248,6 +249,18 @@ def shard_of(key: int, n_shards: int) -> int:
     return mix64(key ^ SHARD_SALT) % n_shards
 
 
+def shard_list(keys: Sequence[int], n_shards: int) -> list[int]:
+    """:func:`shard_of` of every key, checked once for all: a publisher and a maintenance
+    unit's batch check take a few to a few dozen keys at a time, where a call per key
+    costs about as much again as its hash."""
+    if n_shards < 1:
+        raise ValueError(f"n_shards must be positive, got {n_shards}")
+    if keys and not (min(keys) >= 0 and max(keys) <= MASK64):
+        bad = next(key for key in keys if not 0 <= key <= MASK64)
+        raise ValueError(f"key must be a 64-bit unsigned integer, got {bad}")
+    return [mix64(key ^ SHARD_SALT) % n_shards for key in keys]
+
+
 def shard_of_array(keys: NDArray[np.uint64], n_shards: int) -> NDArray[np.int64]:
     """Vectorised :func:`shard_of`, bit-identical to it."""
     if n_shards < 1:
@@ -266,12 +279,9 @@ def first_foreign_key(
 ) -> tuple[int, int] | None:
     """(index, owning shard) of the first of ``keys`` not in ``shard``, or None."""
     if len(keys) <= _SCALAR_KEYS:
-        for j, key in enumerate(np.asarray(keys, dtype=np.uint64).tolist()):
-            owner = shard_of(key, n_shards)
+        for j, owner in enumerate(shard_list(np.asarray(keys, dtype=np.uint64).tolist(), n_shards)):
             if owner != shard:
                 return j, owner
-        if n_shards < 1:  # no keys: shard_of never ran to refuse it
-            raise ValueError(f"n_shards must be positive, got {n_shards}")
         return None
     owners = shard_of_array(keys, n_shards)
     foreign = np.flatnonzero(owners != shard)

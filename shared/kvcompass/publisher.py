@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from kvcompass.index.layout import Tier
-from kvcompass.keys import Namespace, PrefixHasher, TokenIds, shard_of
+from kvcompass.keys import Namespace, PrefixHasher, TokenIds, shard_list
 from kvcompass.levels import LevelPlan
 from kvcompass.pipeline.clock import Clock, SystemClock
 from kvcompass.topology import Worker
@@ -131,17 +131,24 @@ class EventPublisher:
                     f"lengths {unknown} are not registration lengths of {self.worker.id}"
                 )
             keys = self._hasher_for(namespace or self.namespace, lengths).keys(tokens)
-        by_shard: dict[int, list[tuple[int, int]]] = defaultdict(list)
-        for length, key in keys.items():
-            by_shard[shard_of(key, self.n_shards)].append((length, key))
-        for shard, pairs in by_shard.items():
+        key_list = list(keys.values())
+        by_shard: dict[int, tuple[list[int], list[int]]] = {}
+        for length, key, shard in zip(
+            keys, key_list, shard_list(key_list, self.n_shards), strict=True
+        ):
+            group = by_shard.get(shard)
+            if group is None:
+                by_shard[shard] = group = ([], [])
+            group[0].append(length)
+            group[1].append(key)
+        kind_value, tier_value = int(event.kind), int(event.tier)
+        for shard, (lengths_of_shard, keys_of_shard) in by_shard.items():
             pending = self._pending[shard]
-            pending.kinds.append(int(event.kind))
-            pending.tiers.append(int(event.tier))
-            pending.counts.append(len(pairs))
-            for length, key in pairs:
-                pending.lengths.append(length)
-                pending.keys.append(key)
+            pending.kinds.append(kind_value)
+            pending.tiers.append(tier_value)
+            pending.counts.append(len(keys_of_shard))
+            pending.lengths += lengths_of_shard
+            pending.keys += keys_of_shard
         self._pending_keys += len(keys)
         if self._pending_keys >= self.max_buffered_keys:
             return self.flush()

@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvcompass.hashing import MASK63, MASK64
+from kvcompass.index import kernel
 from kvcompass.keys import (
     DEFAULT_KEY_HASH,
     SHARD_SALT,
@@ -23,6 +24,7 @@ from kvcompass.keys import (
     first_foreign_key,
     prefix_key,
     prefix_keys,
+    shard_list,
     shard_of,
     shard_of_array,
 )
@@ -219,6 +221,7 @@ def test_shard_of_array_matches_scalar(n_shards: int) -> None:
     shards = shard_of_array(keys, n_shards)
     assert shards.dtype == np.int64
     assert shards.tolist() == [shard_of(int(k), n_shards) for k in keys]
+    assert shard_list(keys.tolist(), n_shards) == shards.tolist()
     assert all(0 <= s < n_shards for s in shards.tolist())
 
 
@@ -236,6 +239,24 @@ def test_first_foreign_key_matches_the_vectorised_shards(
     owners = shard_of_array(array, n_shards).tolist()
     foreign = [(j, owner) for j, owner in enumerate(owners) if owner != shard]
     assert first_foreign_key(array, n_shards, shard) == (foreign[0] if foreign else None)
+
+
+@given(
+    st.lists(st.integers(0, MASK64), max_size=40),
+    st.integers(1, 20),
+    st.data(),
+)
+def test_the_compiled_batch_check_matches_first_foreign_key(
+    keys: list[int], n_shards: int, data: st.DataObject
+) -> None:
+    # The maintenance unit's writer checks every batch with kernel.first_foreign.
+    shard = data.draw(st.integers(0, n_shards - 1))
+    own = [k for k in keys if shard_of(k, n_shards) == shard]
+    for column in (own, own + keys, keys):
+        array = np.array(column, dtype=np.uint64)
+        found = first_foreign_key(array, n_shards, shard)
+        want = -1 if found is None else found[0]
+        assert kernel.first_foreign(array, n_shards, shard) == want
 
 
 @pytest.mark.parametrize("source", ["random", "sequential"])
@@ -259,6 +280,11 @@ def test_shard_arguments_validated() -> None:
         shard_of_array(np.zeros(1, dtype=np.uint64), 0)
     with pytest.raises(ValueError, match="64-bit"):
         shard_of(-1, 4)
+    with pytest.raises(ValueError, match="n_shards"):
+        shard_list([], 0)
+    for bad in (-1, MASK64 + 1):
+        with pytest.raises(ValueError, match=f"64-bit unsigned integer, got {bad}$"):
+            shard_list([1, bad, 2], 4)
     for n_keys in (0, 1, 100):  # the scalar and the vectorised path
         with pytest.raises(ValueError, match="n_shards"):
             first_foreign_key(np.zeros(n_keys, dtype=np.uint64), 0, 0)

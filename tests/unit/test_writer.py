@@ -6,6 +6,7 @@ import itertools
 import random
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from kvcompass.index import LudoTable, LudoView
 from kvcompass.index.errors import TableFull
 from kvcompass.index.layout import Tier
 from kvcompass.index.patches import TablePatch
+from kvcompass.index.shard_tables import ShardTables
 from kvcompass.keys import Namespace, shard_of
 from kvcompass.levels import plan_levels
 from kvcompass.pipeline.clock import ManualClock
@@ -459,6 +461,41 @@ def test_staged_batches_end_up_as_if_applied_one_by_one() -> None:
     assert (grouped.events_from, grouped.events_to) == (0, len(batches))
     a, b = applied.snapshot(), staged.snapshot()
     assert (a.views, a.keys, a.meta.worker_seq) == (b.views, b.keys, b.meta.worker_seq)
+
+
+def test_the_columns_a_writer_writes_unchecked_pass_the_tables_checks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The writer skips ShardTables' column checks (it checked the batches as it staged
+    them): with the checks forced on, the same batches must pass and end the same."""
+    fleet = Fleet()
+    rng = np.random.default_rng(5)
+    for i in range(40):
+        pub = fleet.publishers[TOPOLOGY.workers[i % 14].id]
+        prompt = _prompt(rng)
+        pub.admit(prompt, Tier.VRAM)
+        if i % 3 == 0:
+            pub.move(prompt, Tier.DRAM)
+        if i % 4 == 0:
+            pub.evict(prompt)
+    batches = fleet.take(1)
+    fast = _writer(1)
+    for offset, batch in enumerate(batches[:-1]):
+        fast.stage(batch, offset)
+    fast.apply(batches[-1], len(batches) - 1)
+    write_columns = ShardTables.write_columns
+
+    def checked_anyway(tables: ShardTables, *args: Any, checked: bool = False) -> None:
+        write_columns(tables, *args)
+
+    monkeypatch.setattr(ShardTables, "write_columns", checked_anyway)
+    slow = _writer(1)
+    for offset, batch in enumerate(batches[:-1]):
+        slow.stage(batch, offset)
+    slow.apply(batches[-1], len(batches) - 1)
+    a, b = fast.snapshot(), slow.snapshot()
+    assert a.views == b.views
+    assert a.keys == b.keys
 
 
 # -- patches -----------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvcompass.index.geometry import TableGeometry
+from kvcompass.keys import SHARD_SALT
 
 __all__ = [
     "CYCLE",
@@ -33,6 +34,7 @@ __all__ = [
     "TableArrays",
     "apply_writes",
     "find_seed",
+    "first_foreign",
     "geometry_vector",
     "mark_buckets",
     "othello_add_edge",
@@ -168,6 +170,22 @@ def mix64_compiled(x: np.uint64) -> np.uint64:
     x ^= x >> _U33
     x *= _C2
     return x ^ (x >> _U33)
+
+
+_SHARD_SALT = np.uint64(SHARD_SALT)
+
+
+@_compiled
+def first_foreign(keys: NDArray[np.uint64], n_shards: Index, shard: Index) -> int:
+    """Index of the first key not of ``shard`` (:func:`kvcompass.keys.shard_of`), -1 if
+    every key is: a maintenance unit checks every batch so, where hashing a few keys in
+    Python costs microseconds (tests hold it to :func:`kvcompass.keys.first_foreign_key`).
+    """
+    n = np.uint64(n_shards)
+    for j in range(len(keys)):
+        if np.int64(mix64_compiled(keys[j] ^ _SHARD_SALT) % n) != shard:
+            return j
+    return -1
 
 
 @_compiled
@@ -599,8 +617,8 @@ def _insert(
 
 @_compiled
 def apply_writes(
-    t: TableArrays,
-    o: OthelloArrays,
+    t: tuple[NDArray[Any], ...],
+    o: tuple[NDArray[Any], ...],
     geo: NDArray[np.uint64],
     keys: NDArray[np.uint64],
     clear: NDArray[np.uint64],
@@ -609,10 +627,26 @@ def apply_writes(
 ) -> tuple[Index, int]:
     """value := (value & ~clear[i]) | bits[i] for keys[start:], in order (0 removes).
 
+    ``t`` and ``o`` are a :class:`TableArrays` and an :class:`OthelloArrays` as plain
+    tuples (``tuple(arrays)``): numba's dispatcher types a plain tuple of arrays in C but
+    a NamedTuple in Python, about 2 µs more per call (a call often writes 1-3 keys).
     Returns (status, index): DONE, or the status that stopped it at write ``index``
     (see the status constants). Inputs must already be validated: keys below 2^63,
     bits within the value width.
     """
+    return _apply_writes(TableArrays(*t), OthelloArrays(*o), geo, keys, clear, bits, start)
+
+
+@_compiled
+def _apply_writes(
+    t: TableArrays,
+    o: OthelloArrays,
+    geo: NDArray[np.uint64],
+    keys: NDArray[np.uint64],
+    clear: NDArray[np.uint64],
+    bits: NDArray[np.uint64],
+    start: Index,
+) -> tuple[Index, int]:
     nb = geo[_NB]
     s = _Scratch(
         np.empty(64, dtype=np.int32),

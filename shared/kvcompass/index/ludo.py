@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -40,6 +41,11 @@ __all__ = ["MAX_CUCKOO_MOVES", "LudoTable", "compile_write_kernel"]
 #: Fresh Othello hash seeds to try after a cycle before growing the table instead.
 _OTHELLO_ATTEMPTS = 16
 _EMPTY = -1
+#: Results for "nothing dirty", shared by every patch (so empty and read-only).
+_NO_BUCKETS = np.zeros(0, dtype=np.int64)
+_NO_BUCKETS.setflags(write=False)
+_NO_WORDS = WordImages()
+_NO_WORDS.values.setflags(write=False)
 
 
 class LudoTable:
@@ -114,6 +120,13 @@ class LudoTable:
             state=np.zeros(3, dtype=np.int64),
         )
         self._othello = OthelloGraph(g.n_nodes, g.n_words, g.capacity)
+        # The kernel's arguments as plain tuples (see kernel.apply_writes).
+        table: tuple[NDArray[Any], ...] = self._t
+        othello: tuple[NDArray[Any], ...] = self._othello.arrays
+        self._kernel_args = (tuple(table), tuple(othello))
+        # Per-bucket rows of the cells and fingerprints, made once for every patch.
+        self._cell_rows = self._t.cells.reshape(-1, 4)
+        self._fp_rows = fps.reshape(-1, 4) if g.fingerprint_bits else None
         self._geo = kernel.geometry_vector(g)
         self._value_mask = g.value_mask
         self._othello_reset = False
@@ -277,9 +290,7 @@ class LudoTable:
         i = 0
         n = len(keys)
         while i < n:
-            status, i = kernel.apply_writes(
-                self._t, self._othello.arrays, self._geo, keys, clear, bits, i
-            )
+            status, i = kernel.apply_writes(*self._kernel_args, self._geo, keys, clear, bits, i)
             if status == kernel.NEED_GROW:
                 self._grow()  # then retry the same write in the new generation
             elif status == kernel.NEED_REBUILD:
@@ -437,7 +448,7 @@ class LudoTable:
             othello.take_dirty_words()
             return TablePatch(g.generation, reload=self.view_image())
         reset = None
-        words = WordImages()
+        words = _NO_WORDS
         dirty_words = othello.take_dirty_words()
         if self._othello_reset:
             reset = OthelloReset(g.othello_seed, othello.words.tobytes())
@@ -447,19 +458,22 @@ class LudoTable:
         buckets = None
         b = self._take_dirty_buckets()
         if len(b):
-            t = self._t
+            fp_rows = self._fp_rows
             buckets = BucketImages(
                 b,
-                t.seeds[b],
-                t.cells.reshape(-1, 4)[b],
-                t.fps.reshape(-1, 4)[b] if g.fingerprint_bits else None,
+                self._t.seeds[b],
+                self._cell_rows[b],
+                None if fp_rows is None else fp_rows[b],
             )
         return TablePatch(g.generation, buckets, words, reset)
 
     def _take_dirty_buckets(self) -> NDArray[np.int64]:
         """Buckets written since the last call (each once), and forget them."""
         t = self._t
-        buckets = t.dirty_buckets[: t.state[1]].copy()
+        n = int(t.state[1])
+        if not n:
+            return _NO_BUCKETS
+        buckets = t.dirty_buckets[:n].copy()
         t.bucket_dirty[buckets] = 0
         t.state[1] = 0
         return buckets
@@ -576,6 +590,7 @@ def compile_write_kernel(value_bits: int = 0, fingerprint_bits: int = -1) -> Non
             keys = np.arange(1, 41, dtype=np.uint64)
             table.put_many(keys, keys)
             table.put_many(keys, np.zeros_like(keys))
+    kernel.first_foreign(np.zeros(1, dtype=np.uint64), 1, 0)  # the writer's batch check
 
 
 def _greedy_placement(

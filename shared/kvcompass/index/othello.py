@@ -24,6 +24,10 @@ from kvcompass.index.kernel import OthelloArrays
 
 __all__ = ["OthelloGraph"]
 
+#: What take_dirty_words returns when nothing flipped (read-only: callers share it).
+_NO_WORDS = np.zeros(0, dtype=np.int64)
+_NO_WORDS.setflags(write=False)
+
 
 class OthelloGraph:
     """Bits, adjacency and key ids of one locator; the table decides edges and bits."""
@@ -62,6 +66,8 @@ class OthelloGraph:
         """Words flipped since the last call (each once), and forget them."""
         a = self.arrays
         n = int(a.state[1])
+        if not n:
+            return _NO_WORDS
         words = a.dirty_words[:n].copy()
         a.word_dirty[words] = 0
         a.state[1] = 0

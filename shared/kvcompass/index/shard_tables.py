@@ -117,19 +117,23 @@ class ShardTables:
         clear: NDArray[np.uint64],
         bits: NDArray[np.uint64],
         *,
-        shard_checked: bool = False,
+        checked: bool = False,
     ) -> None:
         """value := (value & ~clear[i]) | bits[i] for every keys[i] of one table, in order.
 
         The maintenance unit's batch write (one compiled call). Refuses the whole call,
         changing nothing, when any key is not a 63-bit key of this shard or any value
-        does not fit the table. ``shard_checked``: the caller has already refused keys
-        of other shards (the writer checks each batch as it stages it), so they are not
-        hashed a second time.
+        does not fit the table. ``checked``: the caller passes contiguous uint64 columns
+        of one length whose keys are 63-bit keys of this shard and whose bits fit the
+        table (the writer builds them from the batches it checked as it staged them), so
+        nothing is scanned a second time.
         """
         table = self._tables.get(table_id)
         if table is None:
             raise BadInput(f"no table {table_id} in this layout")
+        if checked:
+            table.write_bits_many(keys, clear, bits, checked=True)
+            return
         if keys.ndim != 1 or not (keys.shape == clear.shape == bits.shape):
             raise BadInput(
                 f"keys, clear and bits must be equal-length vectors: "
@@ -141,7 +145,7 @@ class ShardTables:
         bits = np.ascontiguousarray(bits, dtype=np.uint64)
         if _largest(bits) > table.geometry.value_mask:
             raise BadInput(f"a value does not fit {table.geometry.value_bits} bits")
-        foreign = None if shard_checked else first_foreign_key(keys, self.n_shards, self.shard)
+        foreign = first_foreign_key(keys, self.n_shards, self.shard)
         if foreign is not None:
             j, owner = foreign
             raise BadInput(f"key {int(keys[j])} belongs to shard {owner}, not {self.shard}")

@@ -77,6 +77,9 @@ class LudoView:
         layout = layout_of(g)
         buf = self._buf
         self._seeds, self._cells, self._fps, self._words = ImageArrays.of(buf, g, layout)
+        # Per-bucket rows of the cells and fingerprints, for patches.
+        self._cell_rows = self._cells.reshape(-1, 4)
+        self._fp_rows = None if self._fps is None else self._fps.reshape(-1, 4)
         self._layout = layout
         # Scalar path: memoryviews index into Python ints several times faster than numpy.
         mv = memoryview(buf)
@@ -135,6 +138,7 @@ class LudoView:
             if mv is not None:
                 mv.release()
         del self._seeds, self._cells, self._fps, self._words, self.descriptor
+        del self._cell_rows, self._fp_rows
         if isinstance(self._buf, memoryview):
             self._buf.release()
 
@@ -175,9 +179,9 @@ class LudoView:
         if images is not None and len(images):
             b = images.buckets
             self._seeds[b] = images.seeds
-            self._cells.reshape(-1, 4)[b] = images.cells
-            if self._fps is not None and images.fingerprints is not None:
-                self._fps.reshape(-1, 4)[b] = images.fingerprints
+            self._cell_rows[b] = images.cells
+            if self._fp_rows is not None and images.fingerprints is not None:
+                self._fp_rows[b] = images.fingerprints
 
     # -- lookups -------------------------------------------------------------------
 

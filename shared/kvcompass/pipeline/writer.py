@@ -27,10 +27,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvcompass.errors import BadInput, ConfigError, InvariantBroken
+from kvcompass.index import kernel
 from kvcompass.index.errors import SnapshotError
 from kvcompass.index.layout import IndexLayout
 from kvcompass.index.shard_tables import ShardTables
-from kvcompass.keys import first_foreign_key
+from kvcompass.keys import shard_of
 from kvcompass.pipeline.clock import Clock
 from kvcompass.pipeline.sequences import Admission, WorkerSequences
 from kvcompass.snapshot import ShardSnapshot, SnapshotMeta
@@ -275,10 +276,10 @@ class ShardWriter:
             shift = 2 * field
             tiers = batch.tier_array
             if len(tiers) == 1:  # the usual batch: one event, one tier (no np.repeat)
-                bits = np.full(len(keys), int(tiers[0]) << shift, dtype=np.uint64)
+                bits = _filled(len(keys), int(tiers[0]) << shift)
             else:
                 bits = batch.key_tiers().astype(np.uint64) << np.uint64(shift)
-            clear = np.full(len(keys), 3 << shift, dtype=np.uint64)
+            clear = _filled(len(keys), 3 << shift)
             self._staged.setdefault(table_id, []).append((keys, clear, bits))
         self.applied_keys += len(keys)
         self.restarts += admission is Admission.RESTART
@@ -300,8 +301,9 @@ class ShardWriter:
                     keys, clear, bits = (
                         np.concatenate(column) for column in zip(*parts, strict=True)
                     )
-                # Every staged key passed _check: of this shard.
-                self.tables.write_columns(table_id, keys, clear, bits, shard_checked=True)
+                # Checked columns: keys of a checked batch that passed _check (63-bit,
+                # of this shard), bits of a checked tier in the worker's field.
+                self.tables.write_columns(table_id, keys, clear, bits, checked=True)
         except InvariantBroken as exc:
             self._broken = f"write to shard {self.shard} failed: {exc}"
             raise
@@ -327,9 +329,11 @@ class ShardWriter:
             raise BadEvent(f"worker {batch.worker_id!r} is in {region!r}, not {batch.region!r}")
         # A batch's tiers already match its kinds (KVEventBatch refuses anything else).
         keys = batch.key_array
-        foreign = first_foreign_key(keys, self.n_shards, self.shard) if len(keys) else None
-        if foreign is not None:
-            j, owner = foreign
+        # A writable copy: a decoded batch's read-only (maybe unaligned) keys would make
+        # numba compile the check again on the hot path.
+        j = kernel.first_foreign(keys.copy(), self.n_shards, self.shard) if len(keys) else -1
+        if j >= 0:
+            owner = shard_of(int(keys[j]), self.n_shards)
             raise BadEvent(
                 f"events[{batch.event_of_key(j)}]: key {int(keys[j])} "
                 f"(length {int(batch.length_array[j])}) belongs to shard {owner}"
@@ -359,7 +363,9 @@ class ShardWriter:
         self.write_staged()
         seq = self.next_seq
         generations = self.tables.generations
-        grown = [t for t, g in generations.items() if g != self._generations[t]]
+        grown = []
+        if generations != self._generations:  # a table grew: rare
+            grown = [t for t, g in generations.items() if g != self._generations[t]]
         reload_key = None
         if grown:
             if persist is None:
@@ -367,9 +373,11 @@ class ShardWriter:
             reload_key = persist(self._snapshot(next_seq=seq + 1))
         tables = []
         for table_id, patch in sorted(self.tables.take_patches().items()):
-            if patch.reload is not None and reload_key is not None:
+            if patch.reload is None:
+                tables.append(TablePatchWire.of_table(table_id, patch))
+            elif reload_key is not None:
                 tables.append(TablePatchWire(table_id, TableReload(patch.generation, reload_key)))
-            else:
+            else:  # refused: a view image does not travel inline
                 tables.append(TablePatchWire(table_id, patch))
         self._generations = generations
         if not tables and self.events_offset == self._flushed_offset:
@@ -416,3 +424,11 @@ class ShardWriter:
             topology_digest=self.topology_digest,
         )
         return ShardSnapshot(meta, views, keys)
+
+
+def _filled(n: int, value: int) -> NDArray[np.uint64]:
+    """``np.full(n, value, np.uint64)`` at under half its cost for a batch's few keys
+    (np.full is a Python function around copyto)."""
+    column = np.empty(n, dtype=np.uint64)
+    column.fill(value)
+    return column

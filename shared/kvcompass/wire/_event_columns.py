@@ -55,6 +55,10 @@ COLUMNS: Final[tuple[tuple[str, np.dtype[Any]], ...]] = (
 )
 
 
+#: The column dtypes by name.
+(_, _KIND_T), (_, _TIER_T), (_, _COUNT_T), (_, _LENGTH_T), (_, _KEY_T) = COLUMNS
+
+
 def _class_table(classes: dict[int, int], other: int) -> bytes:
     table = bytearray([other]) * 256
     for value, cls in classes.items():
@@ -128,9 +132,14 @@ def columns_of_lists(
 ) -> EventColumns:
     """Columns built from lists of ints, checked like decoded ones. A value that does not
     fit its column's dtype raises OverflowError (numpy's)."""
-    lists = (kinds, tiers, counts, lengths, keys)
+    # Written out, not looped over COLUMNS: the batch is usually a few keys, and the loop
+    # cost a third of the call.
     columns = EventColumns(
-        *(_frozen(np.array(v, dtype=dtype)) for v, (_, dtype) in zip(lists, COLUMNS, strict=True))
+        _frozen(np.array(kinds, dtype=_KIND_T)),
+        _frozen(np.array(tiers, dtype=_TIER_T)),
+        _frozen(np.array(counts, dtype=_COUNT_T)),
+        _frozen(np.array(lengths, dtype=_LENGTH_T)),
+        _frozen(np.array(keys, dtype=_KEY_T)),
     )
     # check_columns' conditions, on the lists: numpy calls on a batch of a few keys cost
     # more than Python's; check_columns runs only to name what is wrong.
@@ -150,15 +159,14 @@ def columns_of_lists(
 def columns_of(events: Sequence[KVEvent]) -> EventColumns:
     """The columns of events that are already checked (KVEvent checks itself)."""
     n = len(events)
-    (_, kind_t), (_, tier_t), (_, count_t), (_, length_t), (_, key_t) = COLUMNS
     pairs = np.array([pair for event in events for pair in event.keys], dtype=np.uint64)
     pairs = pairs.reshape(-1, 2)
     return EventColumns(
-        _frozen(np.fromiter((e.kind for e in events), kind_t, n)),
-        _frozen(np.fromiter((e.tier for e in events), tier_t, n)),
-        _frozen(np.fromiter((len(e.keys) for e in events), count_t, n)),
-        _frozen(pairs[:, 0].astype(length_t)),
-        _frozen(pairs[:, 1].astype(key_t)),
+        _frozen(np.fromiter((e.kind for e in events), _KIND_T, n)),
+        _frozen(np.fromiter((e.tier for e in events), _TIER_T, n)),
+        _frozen(np.fromiter((len(e.keys) for e in events), _COUNT_T, n)),
+        _frozen(pairs[:, 0].astype(_LENGTH_T)),
+        _frozen(pairs[:, 1].astype(_KEY_T)),
     )
 
 
