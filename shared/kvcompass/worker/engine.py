@@ -73,6 +73,11 @@ class Timings:
     ttft: float
 
 
+#: Until its prefill starts, a sequence reuses nothing: one shared (frozen) match, not
+#: one built per submit.
+_NOTHING_REUSED = CacheMatch()
+
+
 @dataclass(slots=True, eq=False)
 class Sequence:
     """The engine's record of one request, filled in as it runs (times in clock seconds)."""
@@ -81,7 +86,7 @@ class Sequence:
     request: Request
     arrived_at: float
     expected_ms: float  # its prefill + reload as estimated at arrival (for queue_ms)
-    reused: CacheMatch = field(default_factory=CacheMatch)
+    reused: CacheMatch = _NOTHING_REUSED
     started_at: float | None = None
     reload_ms: float = 0.0
     prefill_ms: float = 0.0
