@@ -102,10 +102,16 @@ class WorkerPool:
             for w in topology.workers
         ]
         self._clock = clock
-        self._by_region: dict[str, list[SimWorker]] = {}
+        by_region: dict[str, list[SimWorker]] = {}
         for w in self.workers:
-            self._by_region.setdefault(w.worker.region, []).append(w)
-        self._seq = dict.fromkeys(self._by_region, 0)
+            by_region.setdefault(w.worker.region, []).append(w)
+        # Per region: (index, queue method) of its workers, resolved once (a vector is
+        # built per response and per broadcast).
+        self._reporting = {
+            region: tuple((w.worker.index, w.engine.queue_ms) for w in ws)
+            for region, ws in by_region.items()
+        }
+        self._seq = dict.fromkeys(by_region, 0)
 
     def queue_ms(self, worker: int) -> float:
         """WorldView: the worker's exact queue now."""
@@ -115,5 +121,5 @@ class WorkerPool:
         """The region's queue vector now, as its workers' host sends it."""
         seq = self._seq[region]
         self._seq[region] = seq + 1
-        queues = {w.worker.index: w.engine.queue_ms() for w in self._by_region[region]}
+        queues = {index: queue_ms() for index, queue_ms in self._reporting[region]}
         return RegionQueues(region, seq, self._clock.wall_ns(), queues)

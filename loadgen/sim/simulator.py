@@ -37,7 +37,6 @@ from kvcompass.routing import (
     Feedback,
     MigrationOrder,
     QueueReporter,
-    RegionQueues,
     RouteRequest,
     RoutingPolicy,
     make_policy,
@@ -115,7 +114,8 @@ class Simulation:
         self._jitter = config.jitter_pct / 100.0
         self._namespaces: dict[str, Namespace] = {}
         self._model = topology.model.name
-        self._flights: dict[tuple[int, int], _Flight] = {}  # (worker, sequence number)
+        # By the engine's sequence (eq=False: hashed by identity, no key tuple per lookup).
+        self._flights: dict[Sequence, _Flight] = {}
         self._pending = 0
         self._migrations = 0  # orders issued (an ablation that changes nothing shows 0)
         self._arrivals: Iterator[LiveRequest] = iter(())
@@ -212,7 +212,7 @@ class Simulation:
         sequence = worker.engine.submit(
             Request(request.request_id, namespace, flight.tokens, request.max_tokens)
         )
-        self._flights[(decision.worker, sequence.number)] = flight
+        self._flights[sequence] = flight
         self._stepped(worker)
 
     def _migrate(self, arg: tuple[Namespace, NDArray[np.uint32], MigrationOrder]) -> None:
@@ -225,12 +225,11 @@ class Simulation:
         if worker.wake_at != self.clock.monotonic():
             return  # superseded by a later schedule
         worker.wake_at = None
-        index = worker.worker.index
         for emitted in worker.engine.advance():
             if emitted.index == 0:
                 self._first_token(worker, emitted.sequence, emitted.at)
             if emitted.last:
-                self._finish(worker, self._flights.pop((index, emitted.sequence.number)), emitted)
+                self._finish(worker, self._flights.pop(emitted.sequence), emitted)
         self._stepped(worker)
 
     def _stepped(self, worker: SimWorker) -> None:
@@ -246,7 +245,7 @@ class Simulation:
 
     def _first_token(self, worker: SimWorker, sequence: Sequence, at: float) -> None:
         worker.busy_ms += sequence.reload_ms + sequence.prefill_ms
-        flight = self._flights[(worker.worker.index, sequence.number)]
+        flight = self._flights[sequence]
         flight.first_at = at
         flight.back_ms = self._wan(worker.worker.region, flight.request.origin_region)
 
@@ -305,16 +304,14 @@ class Simulation:
 
     def _broadcast(self, _: object) -> None:
         now = self.clock.monotonic()
+        policies, push = self.policies, self.events.push
         for region, reporter in self.reporters.items():
             vector = self.pool.vector(region)
             for dest in reporter.destinations():
                 reach = now + self._wan(region, dest) / 1e3
-                self.events.push(reach, self._deliver_queues, (dest, vector))
+                # The edge's own method handles the delivery (8 per request on Mixed).
+                push(reach, policies[dest].on_queues, vector)
         self.events.push(now + self.config.local_period_s, self._broadcast)
-
-    def _deliver_queues(self, arg: tuple[str, RegionQueues]) -> None:
-        dest, vector = arg
-        self.policies[dest].on_queues(vector)
 
     def _sample(self, _: object) -> None:
         now = self.clock.monotonic()

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import math
+import random
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
 from kvcompass.index.layout import Tier
 from kvcompass.keys import Namespace
+from kvcompass.loadgen.sim.events import SimClock
 from kvcompass.pipeline.clock import ManualClock
 from kvcompass.topology import load_builtin
 from kvcompass.worker import (
@@ -236,3 +241,65 @@ def test_without_streaming_one_late_advance_applies_every_step_in_order() -> Non
     ]
     assert [t.sequence.generated for t in got if t.last] == [3, 7]
     assert e.next_event_at() is None
+
+
+def _random_jobs(seed: int) -> list[tuple[float, Request | None]]:
+    """Arrivals at random times: completions (some sharing a prefix) and, for None, a
+    copy migration."""
+    rng = random.Random(seed)
+    at = 0.0
+    jobs: list[tuple[float, Request | None]] = []
+    for i in range(60):
+        at += rng.expovariate(1 / 0.02)
+        if rng.random() < 0.1:
+            jobs.append((at, None))
+            continue
+        start = rng.choice([0, 0, 100_000 * i])
+        prompt = tokens(start, rng.randint(16, 600))
+        jobs.append((at, Request(f"r{i}", NS, prompt, rng.choice([1, 2, rng.randint(1, 80)]))))
+    return jobs
+
+
+def _drive(
+    seed: int, stream: bool, wake: Callable[[EmulatedEngine, random.Random], float | None]
+) -> tuple[list[tuple[str, int, float, bool]], list[float]]:
+    """First and last tokens, and the queue after each arrival, with the engine advanced
+    at the times ``wake`` names (and at each arrival)."""
+    clock = SimClock()
+    e = EmulatedEngine(PrefixCache(16, 200, 400, ()), COST, clock, stream=stream)
+    rng = random.Random(seed)
+    out: list[Emitted] = []
+    queues = []
+    wakes = 0
+    for at, job in [*_random_jobs(seed), (math.inf, None)]:
+        while (due := wake(e, rng)) is not None and due < at:
+            wakes += 1
+            assert wakes < 50_000, "a wake that processes nothing (the same due again)"
+            clock.set(max(due, clock.monotonic()))
+            out += e.advance()
+        if at == math.inf:
+            break
+        clock.set(at)
+        if job is None:
+            e.migrate(NS, tokens(0, 320), MigrationMode.COPY)
+        else:
+            e.submit(job)
+        queues.append(e.queue_ms())
+    firsts_and_lasts = [(t.sequence.request.request_id, t.index, t.at, t.last) for t in out]
+    return [t for t in firsts_and_lasts if t[1] == 0 or t[3]], queues
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_without_streaming_random_jobs_come_out_as_with_every_step(seed: int) -> None:
+    """Waking at notable events only, or at random times, skips plain decode steps in
+    bulk (counted once per batch): every token and queue is the same float as when every
+    step is ended one by one."""
+
+    def late(e: EmulatedEngine, rng: random.Random) -> float | None:
+        due = e.next_event_at()
+        return None if due is None else due + rng.choice([0.0, rng.uniform(0.0, 0.2)])
+
+    want = _drive(seed, True, lambda e, _: e.next_event_at())
+    assert len(want[0]) > 60
+    assert _drive(seed, False, lambda e, _: e.next_notable_at()) == want
+    assert _drive(seed, False, late) == want

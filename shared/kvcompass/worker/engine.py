@@ -23,7 +23,9 @@ Model (each duration from :class:`~kvcompass.worker.cost.CostModel`):
 
 from __future__ import annotations
 
+import functools
 import itertools
+import operator
 from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -71,6 +73,11 @@ class Timings:
     ttft: float
 
 
+#: Until its prefill starts, a sequence reuses nothing: one shared (frozen) match, not
+#: one built per submit.
+_NOTHING_REUSED = CacheMatch()
+
+
 @dataclass(slots=True, eq=False)
 class Sequence:
     """The engine's record of one request, filled in as it runs (times in clock seconds)."""
@@ -79,7 +86,7 @@ class Sequence:
     request: Request
     arrived_at: float
     expected_ms: float  # its prefill + reload as estimated at arrival (for queue_ms)
-    reused: CacheMatch = field(default_factory=CacheMatch)
+    reused: CacheMatch = _NOTHING_REUSED
     started_at: float | None = None
     reload_ms: float = 0.0
     prefill_ms: float = 0.0
@@ -147,6 +154,11 @@ class _Decode:
     batch: list[Sequence] = field(default_factory=list)  # in the running step
     joining: list[Sequence] = field(default_factory=list)  # from the next step on
     step_ends_at: float | None = None
+    # While no sequence joins: the batch's plain steps (those before the step that ends
+    # its first sequence) and that step's end (None: not counted yet; see
+    # EmulatedEngine._plain_run). Skipping steps keeps the end: the same sums, in order.
+    plain_steps: int = 0
+    plain_until: float | None = None
 
 
 class EmulatedEngine:
@@ -234,14 +246,25 @@ class EmulatedEngine:
         if t is None or (due is not None and due <= t):
             return due
         if not decode.joining:  # else the batch changes when this step ends
-            batch = decode.batch
-            left = min(s.request.max_tokens - s.generated for s in batch)
-            step_s = self.cost.decode_step_ms(len(batch)) / 1e3
-            for _ in range(left - 1):  # summed as _start_step sums: the same floats
-                t += step_s
-                if due is not None and due <= t:
-                    return due
+            t = self._plain_run(decode)
+            if due is not None and due <= t:  # the steps' ends only grow
+                return due
         return t
+
+    def _plain_run(self, decode: _Decode) -> float:
+        """Count the batch's plain steps and sum their ends (once per batch); returns the
+        end of the step after them, the one that ends a sequence. The batch must be
+        running with no sequence joining."""
+        until = decode.plain_until
+        if until is None:
+            assert decode.step_ends_at is not None
+            batch = decode.batch
+            decode.plain_steps = min(s.request.max_tokens - s.generated for s in batch) - 1
+            step_s = self.cost.decode_step_ms(len(batch)) / 1e3
+            # One addition per step, left to right, as _start_step sums: the same floats.
+            steps = itertools.repeat(step_s, decode.plain_steps)
+            until = decode.plain_until = functools.reduce(operator.add, steps, decode.step_ends_at)
+        return until
 
     def _next_job_event(self) -> float | None:
         """The earliest end of a copy or of the prefill; None when there is none."""
@@ -259,9 +282,11 @@ class EmulatedEngine:
 
     def queue_ms(self) -> float:
         """Expected wait before a request arriving now starts its prefill."""
-        now = self._clock.monotonic()
-        running = 0.0 if self._prefill is None else max(self._prefill.ends_at - now, 0.0) * 1e3
-        return running + self._queued_ms
+        prefill = self._prefill
+        if prefill is None:
+            return 0.0 + self._queued_ms  # (not -0.0)
+        left_s = prefill.ends_at - self._clock.monotonic()
+        return (0.0 if left_s < 0.0 else left_s * 1e3) + self._queued_ms
 
     @property
     def running(self) -> int:
@@ -304,18 +329,23 @@ class EmulatedEngine:
         decode = self._decode
         if decode.joining or decode.step_ends_at is None:
             return 0
-        batch = decode.batch
-        left = min(s.request.max_tokens - s.generated for s in batch)
+        until = self._plain_run(decode)
         job = self._next_job_event()
-        step_s = self.cost.decode_step_ms(len(batch)) / 1e3
-        t = decode.step_ends_at
-        skipped = 0
-        while skipped < left - 1 and t <= now and (job is None or t < job):
-            skipped += 1
-            t += step_s
+        if until <= now and (job is None or until < job):
+            # Every plain step is due (the usual wake: at the step that ends a sequence).
+            skipped, t = decode.plain_steps, until
+        else:
+            batch = decode.batch
+            step_s = self.cost.decode_step_ms(len(batch)) / 1e3
+            t = decode.step_ends_at
+            skipped = 0
+            while skipped < decode.plain_steps and t <= now and (job is None or t < job):
+                skipped += 1
+                t += step_s
         if skipped:
-            for sequence in batch:
+            for sequence in decode.batch:
                 sequence.generated += skipped
+            decode.plain_steps -= skipped
             decode.step_ends_at = t
         return skipped
 
@@ -353,6 +383,7 @@ class EmulatedEngine:
         decode = self._decode
         decode.batch = [s for s in decode.batch if not s.done] + decode.joining
         decode.joining = []
+        decode.plain_until = None
         if decode.batch:
             decode.step_ends_at = t + self.cost.decode_step_ms(len(decode.batch)) / 1e3
         else:
