@@ -434,16 +434,26 @@ def test_a_batch_is_one_write_of_every_key_in_event_order(
     assert (writer.applied_keys, writer.sequences.current(worker.id)) == (6, (3, 6))
 
 
-def test_staged_batches_end_up_as_if_applied_one_by_one() -> None:
+def _fleet_batches(
+    seed: int, prompts: int, shard: int, *, move_every: int = 0, evict_every: int = 3
+) -> list[KVEventBatch]:
+    """A fleet's batches for ``shard``: each worker in turn admits a random prompt, and
+    moves every ``move_every``-th to DRAM (0: none) and evicts every ``evict_every``-th."""
     fleet = Fleet()
-    rng = np.random.default_rng(4)
-    for i in range(30):
+    rng = np.random.default_rng(seed)
+    for i in range(prompts):
         pub = fleet.publishers[TOPOLOGY.workers[i % 14].id]
         prompt = _prompt(rng)
         pub.admit(prompt, Tier.VRAM)
-        if i % 3 == 0:
+        if move_every and i % move_every == 0:
+            pub.move(prompt, Tier.DRAM)
+        if i % evict_every == 0:
             pub.evict(prompt)
-    batches = fleet.take(2)
+    return fleet.take(shard)
+
+
+def test_staged_batches_end_up_as_if_applied_one_by_one() -> None:
+    batches = _fleet_batches(4, 30, shard=2)
     applied, staged = _writer(2), _writer(2)
     for offset, batch in enumerate(batches):
         assert applied.apply(batch, offset) is Admission.APPLY
@@ -468,17 +478,7 @@ def test_the_columns_a_writer_writes_unchecked_pass_the_tables_checks(
 ) -> None:
     """The writer skips ShardTables' column checks (it checked the batches as it staged
     them): with the checks forced on, the same batches must pass and end the same."""
-    fleet = Fleet()
-    rng = np.random.default_rng(5)
-    for i in range(40):
-        pub = fleet.publishers[TOPOLOGY.workers[i % 14].id]
-        prompt = _prompt(rng)
-        pub.admit(prompt, Tier.VRAM)
-        if i % 3 == 0:
-            pub.move(prompt, Tier.DRAM)
-        if i % 4 == 0:
-            pub.evict(prompt)
-    batches = fleet.take(1)
+    batches = _fleet_batches(5, 40, shard=1, move_every=3, evict_every=4)
     fast = _writer(1)
     for offset, batch in enumerate(batches[:-1]):
         fast.stage(batch, offset)
