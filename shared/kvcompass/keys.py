@@ -267,25 +267,3 @@ def shard_of_array(keys: NDArray[np.uint64], n_shards: int) -> NDArray[np.int64]
         raise ValueError(f"n_shards must be positive, got {n_shards}")
     mixed = mix64_array(np.asarray(keys, dtype=np.uint64) ^ np.uint64(SHARD_SALT))
     return (mixed % np.uint64(n_shards)).astype(np.int64)
-
-
-#: Up to this many keys, hashing each in Python costs less than numpy's calls (which
-#: cost about a microsecond each, whatever the length): events batches are mostly small.
-_SCALAR_KEYS = 16
-
-
-def first_foreign_key(
-    keys: NDArray[np.uint64], n_shards: int, shard: int
-) -> tuple[int, int] | None:
-    """(index, owning shard) of the first of ``keys`` not in ``shard``, or None."""
-    if len(keys) <= _SCALAR_KEYS:
-        for j, owner in enumerate(shard_list(np.asarray(keys, dtype=np.uint64).tolist(), n_shards)):
-            if owner != shard:
-                return j, owner
-        return None
-    owners = shard_of_array(keys, n_shards)
-    foreign = np.flatnonzero(owners != shard)
-    if not len(foreign):
-        return None
-    j = int(foreign[0])
-    return j, int(owners[j])

@@ -14,14 +14,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvcompass.hashing import MASK63, MASK64
-from kvcompass.index import kernel
+from kvcompass.index.shard_tables import first_foreign
 from kvcompass.keys import (
     DEFAULT_KEY_HASH,
     SHARD_SALT,
     KeyHash,
     Namespace,
     PrefixHasher,
-    first_foreign_key,
     prefix_key,
     prefix_keys,
     shard_list,
@@ -230,33 +229,19 @@ def test_shard_of_array_matches_scalar(n_shards: int) -> None:
     st.integers(1, 20),
     st.data(),
 )
-def test_first_foreign_key_matches_the_vectorised_shards(
+def test_the_compiled_shard_check_finds_the_first_foreign_key(
     keys: list[int], n_shards: int, data: st.DataObject
 ) -> None:
-    # Short arrays are hashed one key at a time, long ones by shard_of_array.
-    shard = data.draw(st.integers(0, n_shards - 1))
-    array = np.array(keys, dtype=np.uint64)
-    owners = shard_of_array(array, n_shards).tolist()
-    foreign = [(j, owner) for j, owner in enumerate(owners) if owner != shard]
-    assert first_foreign_key(array, n_shards, shard) == (foreign[0] if foreign else None)
-
-
-@given(
-    st.lists(st.integers(0, MASK64), max_size=40),
-    st.integers(1, 20),
-    st.data(),
-)
-def test_the_compiled_batch_check_matches_first_foreign_key(
-    keys: list[int], n_shards: int, data: st.DataObject
-) -> None:
-    # The maintenance unit's writer checks every batch with kernel.first_foreign.
+    # Every write to a shard (the MU's batches, ShardTables' columns) is checked so.
     shard = data.draw(st.integers(0, n_shards - 1))
     own = [k for k in keys if shard_of(k, n_shards) == shard]
     for column in (own, own + keys, keys):
         array = np.array(column, dtype=np.uint64)
-        found = first_foreign_key(array, n_shards, shard)
-        want = -1 if found is None else found[0]
-        assert kernel.first_foreign(array, n_shards, shard) == want
+        owners = shard_of_array(array, n_shards).tolist()
+        want = next((j for j, owner in enumerate(owners) if owner != shard), -1)
+        assert first_foreign(array, n_shards, shard) == want
+        array.setflags(write=False)  # as decoded from the wire
+        assert first_foreign(array, n_shards, shard) == want
 
 
 @pytest.mark.parametrize("source", ["random", "sequential"])
@@ -285,6 +270,3 @@ def test_shard_arguments_validated() -> None:
     for bad in (-1, MASK64 + 1):
         with pytest.raises(ValueError, match=f"64-bit unsigned integer, got {bad}$"):
             shard_list([1, bad, 2], 4)
-    for n_keys in (0, 1, 100):  # the scalar and the vectorised path
-        with pytest.raises(ValueError, match="n_shards"):
-            first_foreign_key(np.zeros(n_keys, dtype=np.uint64), 0, 0)

@@ -179,7 +179,7 @@ _SHARD_SALT = np.uint64(SHARD_SALT)
 def first_foreign(keys: NDArray[np.uint64], n_shards: Index, shard: Index) -> int:
     """Index of the first key not of ``shard`` (:func:`kvcompass.keys.shard_of`), -1 if
     every key is: a maintenance unit checks every batch so, where hashing a few keys in
-    Python costs microseconds (tests hold it to :func:`kvcompass.keys.first_foreign_key`).
+    Python costs microseconds (tests hold it to :func:`kvcompass.keys.shard_of`).
     """
     n = np.uint64(n_shards)
     for j in range(len(keys)):

@@ -14,14 +14,15 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvcompass.errors import BadInput
+from kvcompass.index import kernel
 from kvcompass.index.errors import SnapshotError
 from kvcompass.index.layout import IndexLayout, Tier
 from kvcompass.index.ludo import LudoTable
 from kvcompass.index.patches import TablePatch
-from kvcompass.keys import first_foreign_key
+from kvcompass.keys import shard_of
 from kvcompass.snapshot import ShardSnapshot
 
-__all__ = ["ShardTables"]
+__all__ = ["ShardTables", "first_foreign"]
 
 _KEY_LIMIT = 1 << 63
 #: Up to this many values, _largest scans them in Python.
@@ -145,9 +146,9 @@ class ShardTables:
         bits = np.ascontiguousarray(bits, dtype=np.uint64)
         if _largest(bits) > table.geometry.value_mask:
             raise BadInput(f"a value does not fit {table.geometry.value_bits} bits")
-        foreign = first_foreign_key(keys, self.n_shards, self.shard)
-        if foreign is not None:
-            j, owner = foreign
+        j = first_foreign(keys, self.n_shards, self.shard)
+        if j >= 0:
+            owner = shard_of(int(keys[j]), self.n_shards)
             raise BadInput(f"key {int(keys[j])} belongs to shard {owner}, not {self.shard}")
         clear = np.ascontiguousarray(clear, dtype=np.uint64)
         table.write_bits_many(keys, clear, bits, checked=True)
@@ -246,3 +247,11 @@ def _largest(values: NDArray[np.uint64]) -> int:
     if len(values) <= _FEW:
         return int(max(values.tolist()))
     return int(values.max())
+
+
+def first_foreign(keys: NDArray[np.uint64], n_shards: int, shard: int) -> int:
+    """Index of the first of ``keys`` not of ``shard`` (:func:`kvcompass.keys.shard_of`),
+    -1 if every key is: the one check of every write to a shard, compiled. It runs on a
+    writable copy: a decoded batch's read-only (maybe unaligned) keys would make numba
+    compile it again on the hot path."""
+    return kernel.first_foreign(keys.copy(), n_shards, shard) if len(keys) else -1

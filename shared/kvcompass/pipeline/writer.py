@@ -27,10 +27,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvcompass.errors import BadInput, ConfigError, InvariantBroken
-from kvcompass.index import kernel
 from kvcompass.index.errors import SnapshotError
 from kvcompass.index.layout import IndexLayout
-from kvcompass.index.shard_tables import ShardTables
+from kvcompass.index.shard_tables import ShardTables, first_foreign
 from kvcompass.keys import shard_of
 from kvcompass.pipeline.clock import Clock
 from kvcompass.pipeline.sequences import Admission, WorkerSequences
@@ -329,9 +328,7 @@ class ShardWriter:
             raise BadEvent(f"worker {batch.worker_id!r} is in {region!r}, not {batch.region!r}")
         # A batch's tiers already match its kinds (KVEventBatch refuses anything else).
         keys = batch.key_array
-        # A writable copy: a decoded batch's read-only (maybe unaligned) keys would make
-        # numba compile the check again on the hot path.
-        j = kernel.first_foreign(keys.copy(), self.n_shards, self.shard) if len(keys) else -1
+        j = first_foreign(keys, self.n_shards, self.shard)
         if j >= 0:
             owner = shard_of(int(keys[j]), self.n_shards)
             raise BadEvent(
