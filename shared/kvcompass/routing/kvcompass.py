@@ -12,15 +12,15 @@ from kvcompass.pipeline.clock import Clock
 from kvcompass.routing.belief import CacheBelief
 from kvcompass.routing.config import RoutingConfig
 from kvcompass.routing.migration import HotPrefixTracker, MigrationOrder, MigrationPlanner
-from kvcompass.routing.policy import Decision, Feedback, RegionQueues, RouteRequest, prompt_length
-from kvcompass.routing.queues import QueueEstimates
+from kvcompass.routing.policy import Decision, Feedback, RouteRequest, prompt_length
+from kvcompass.routing.queues import QueueEstimates, QueueFed
 from kvcompass.routing.score import JointScore
 from kvcompass.topology import Topology
 
 __all__ = ["KVCompassPolicy"]
 
 
-class KVCompassPolicy:
+class KVCompassPolicy(QueueFed):
     """Routes one edge region's requests by the joint score (paper §3.4).
 
     Keys come from a :class:`QueryPlanner` per namespace (built on first use, kept), the
@@ -169,14 +169,4 @@ class KVCompassPolicy:
 
     def observe(self, feedback: Feedback) -> None:
         self.belief.update(feedback.worker, feedback.claimed_tokens, feedback.reused_tokens)
-        if feedback.queue_vector is not None:
-            self.queues.apply(feedback.queue_vector, piggybacked=feedback.cross_region)
-
-    def on_queues(self, queues: RegionQueues) -> None:
-        self.queues.apply(queues, piggybacked=False)
-
-    def on_forward(self, decision: Decision, expected_service_ms: float) -> None:
-        self.queues.add_pending(decision.worker, expected_service_ms)
-
-    def on_failure(self, worker: int) -> None:
-        self.queues.mark_down(worker)
+        super().observe(feedback)

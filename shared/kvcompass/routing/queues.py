@@ -21,12 +21,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Final, Literal
 
 from kvcompass.pipeline.clock import Clock
-from kvcompass.routing.policy import RegionQueues
+from kvcompass.routing.policy import Decision, Feedback, RegionQueues
 from kvcompass.topology import Topology
 from kvcompass.wire import QueueVector
 
 __all__ = [
     "QueueEstimates",
+    "QueueFed",
     "QueueReporter",
     "Source",
     "from_vector",
@@ -167,6 +168,27 @@ class QueueEstimates:
         """How long the estimate has been exactly 0 (-inf while it is not)."""
         since = self._zero_since[worker]
         return -math.inf if since is None else self._clock.monotonic() - since
+
+
+class QueueFed:
+    """A policy's feedback hooks, all of which land in its edge's queue estimates: the
+    vector a response piggybacks, the broadcast, the work it forwards, a failed worker.
+    KVCompass and every baseline keep the same estimates (subclasses set ``queues``)."""
+
+    queues: QueueEstimates
+
+    def observe(self, feedback: Feedback) -> None:
+        if feedback.queue_vector is not None:
+            self.queues.apply(feedback.queue_vector, piggybacked=feedback.cross_region)
+
+    def on_queues(self, queues: RegionQueues) -> None:
+        self.queues.apply(queues, piggybacked=False)
+
+    def on_forward(self, decision: Decision, expected_service_ms: float) -> None:
+        self.queues.add_pending(decision.worker, expected_service_ms)
+
+    def on_failure(self, worker: int) -> None:
+        self.queues.mark_down(worker)
 
 
 class QueueReporter:

@@ -24,12 +24,10 @@ from kvcompass.routing.config import RoutingConfig
 from kvcompass.routing.policy import (
     Candidate,
     Decision,
-    Feedback,
-    RegionQueues,
     RouteRequest,
     prompt_length,
 )
-from kvcompass.routing.queues import QueueEstimates
+from kvcompass.routing.queues import QueueEstimates, QueueFed
 from kvcompass.topology import Topology
 
 __all__ = ["Baseline", "IndexedBaseline", "Route", "dry_run_rng", "read_match"]
@@ -72,7 +70,7 @@ def dry_run_rng(rng: random.Random, explain: bool) -> random.Random:
     return copy
 
 
-class Baseline:
+class Baseline(QueueFed):
     """One edge region's baseline policy; subclasses implement :meth:`_route`."""
 
     name = ""
@@ -160,19 +158,6 @@ class Baseline:
             reload,
             wan + queue + prefill + reload,
         )
-
-    def observe(self, feedback: Feedback) -> None:
-        if feedback.queue_vector is not None:
-            self.queues.apply(feedback.queue_vector, piggybacked=feedback.cross_region)
-
-    def on_queues(self, queues: RegionQueues) -> None:
-        self.queues.apply(queues, piggybacked=False)
-
-    def on_forward(self, decision: Decision, expected_service_ms: float) -> None:
-        self.queues.add_pending(decision.worker, expected_service_ms)
-
-    def on_failure(self, worker: int) -> None:
-        self.queues.mark_down(worker)
 
 
 class IndexedBaseline(Baseline):
