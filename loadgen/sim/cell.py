@@ -62,6 +62,13 @@ class Cell:
     max_prompt_tokens: int | None = None
     max_tokens: int | None = None
 
+    def __post_init__(self) -> None:
+        # A run with no arrivals would print an empty summary: refuse it by name instead.
+        if self.duration is not None and not self.duration > 0:
+            raise ValueError(f"duration must be positive (or unbounded), got {self.duration}")
+        if self.requests is not None and self.requests < 1:
+            raise ValueError(f"requests must be at least 1 (or unbounded), got {self.requests}")
+
     @property
     def key(self) -> str:
         """The cell's folder name: workload, policy (+ ablations), rate, then every field

@@ -79,8 +79,12 @@ class SyntheticConfig(Params):
         ):
             if not 1 <= getattr(self, lo) <= getattr(self, hi):
                 raise ValueError(f"need 1 <= {lo} <= {hi}")
-        if self.rate <= 0 or self.turns_mean < 1 or self.vocab < 2:
-            raise ValueError("need rate > 0, turns_mean >= 1, vocab >= 2")
+        if not self.rate > 0:
+            raise ValueError(f"rate must be positive, got {self.rate}")
+        if self.turns_mean < 1 or self.vocab < 2:
+            raise ValueError(
+                f"need turns_mean >= 1 and vocab >= 2, got {self.turns_mean} and {self.vocab}"
+            )
         counts = (self.tenants, self.system_prompts_per_tenant, self.documents_per_tenant)
         if min(*counts, self.max_open_sessions) < 1:
             raise ValueError("need at least one tenant, system prompt, document and session")

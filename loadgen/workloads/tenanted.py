@@ -74,8 +74,10 @@ class TenantedConfig(Params):
     )
 
     def __post_init__(self) -> None:
-        if self.rate <= 0 or self.speed <= 0 or self.vocab < 2:
-            raise ValueError("need rate > 0, speed > 0, vocab >= 2")
+        if not self.rate > 0:
+            raise ValueError(f"rate must be positive, got {self.rate}")
+        if not self.speed > 0 or self.vocab < 2:
+            raise ValueError(f"need speed > 0 and vocab >= 2, got {self.speed} and {self.vocab}")
         if min(self.tenants, self.max_open_sessions, self.max_prompt_tokens) < 1:
             raise ValueError("need at least one tenant, open session and prompt token")
         if self.azure_lengths and not self.azure:

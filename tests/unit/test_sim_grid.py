@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from kvcompass.loadgen.reports.cells import paper_cell
+from kvcompass.loadgen.sim import cli as sim_cli
 from kvcompass.loadgen.sim.cell import Cell
 from kvcompass.loadgen.sim.grid import run_grid
 
@@ -74,3 +77,21 @@ def test_report_cells_keep_the_papers_edges_but_table4_compares_both() -> None:
     lossy = [c for c in rows if c.update_loss]
     assert {c.resync for c in lossy} == {False, True}
     assert not any(c.resync for c in rows if not c.update_loss)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--duration", "0"], "kvcompass sim: duration must be positive (or unbounded), got 0.0"),
+        (["--requests", "0"], "kvcompass sim: requests must be at least 1 (or unbounded), got 0"),
+        (["--rate", "-5"], "kvcompass sim: rate must be positive, got -5.0"),
+        (["--workload", "mixed", "--rate", "0"], "kvcompass sim: rate must be positive, got 0.0"),
+    ],
+)
+def test_a_run_without_arrivals_stops_with_one_line_naming_the_setting(
+    args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert sim_cli.main(["run", *args, "--out", str(tmp_path / "run")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == message
+    assert not (tmp_path / "run").exists()
