@@ -63,7 +63,10 @@ class Cell:
     max_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        # A run with no arrivals would print an empty summary: refuse it by name instead.
+        # Checked when the cell is made, so a sweep refuses a bad rate before running any
+        # cell, and a run with no arrivals does not print an empty summary.
+        if not self.rate > 0:
+            raise ValueError(f"rate must be positive, got {self.rate}")
         if self.duration is not None and not self.duration > 0:
             raise ValueError(f"duration must be positive (or unbounded), got {self.duration}")
         if self.requests is not None and self.requests < 1:

@@ -95,3 +95,12 @@ def test_a_run_without_arrivals_stops_with_one_line_naming_the_setting(
     captured = capsys.readouterr()
     assert captured.err.strip() == message
     assert not (tmp_path / "run").exists()
+
+
+def test_a_sweep_with_a_bad_rate_runs_no_cell(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["sweep", "--rates", "10,-1", "--duration", "1", "--policies", "random"]
+    assert sim_cli.main([*args, "--jobs", "1", "--out", str(tmp_path / "sweep")]) == 2
+    assert capsys.readouterr().err.strip() == "kvcompass sim: rate must be positive, got -1.0"
+    assert not (tmp_path / "sweep").exists()
