@@ -69,9 +69,9 @@ def tabulate(runs: Mapping[Cell, Run]) -> tuple[list[dict[str, Any]], dict[str, 
     P99 TTFT and the highest throughput of every scheme."""
     metric: dict[tuple[float, int], dict[str, tuple[float, float]]] = {}
     for cell, run in runs.items():
-        s = run.summary
+        summary = run.summary
         at = metric.setdefault((cell.rate, cell.seed), {})
-        at[cell.policy] = (float(s["ttft_p99_ms"]), float(s["throughput_req_per_s"]))
+        at[cell.policy] = (float(summary["ttft_p99_ms"]), float(summary["throughput_req_per_s"]))
     (unit,) = rates_of(SCALE.topology, [1.0])
     rates = sorted({rate for rate, _ in metric})
     rows: list[dict[str, Any]] = []
@@ -87,12 +87,12 @@ def tabulate(runs: Mapping[Cell, Run]) -> tuple[list[dict[str, Any]], dict[str, 
             "kvcompass_lowest_p99_in": [s for s, at in seeded if _kvcompass_best(at, 0)],
             "kvcompass_highest_throughput_in": [s for s, at in seeded if _kvcompass_best(at, 1)],
         }
+        ours_p99 = np.array([at[OURS][0] for at in per_seed])
+        ours_thr = np.array([at[OURS][1] for at in per_seed])
         names = [p for p in policies() if all(p in at for at in per_seed)]
         for policy in names:
             p99 = np.array([at[policy][0] for at in per_seed])
             thr = np.array([at[policy][1] for at in per_seed])
-            ours_p99 = np.array([at[OURS][0] for at in per_seed])
-            ours_thr = np.array([at[OURS][1] for at in per_seed])
             ratio = p99 / ours_p99
             mine = policy == OURS
             rows.append(
