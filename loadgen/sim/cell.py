@@ -61,6 +61,8 @@ class Cell:
     tenants: str = "default"
     max_prompt_tokens: int | None = None
     max_tokens: int | None = None
+    #: KVCompass's remote margin (``RoutingConfig.remote_margin_rtt``; 0: the paper's score).
+    remote_margin_rtt: float = 0.0
 
     def __post_init__(self) -> None:
         # Checked when the cell is made, so a sweep refuses a bad rate before running any
@@ -92,7 +94,7 @@ class Cell:
         ablations = Ablations(**dict.fromkeys(self.ablations, False))
         return SimConfig(
             topology,
-            routing=RoutingConfig(ablations=ablations),
+            routing=RoutingConfig(ablations=ablations, remote_margin_rtt=self.remote_margin_rtt),
             eviction=EvictionPolicy(self.eviction),
             time_limit_s=self.duration,
             **{name: getattr(self, name) for name in _PASSED_ON},

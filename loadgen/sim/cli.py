@@ -45,6 +45,13 @@ def _cell_arguments(p: argparse.ArgumentParser, sweep: bool) -> None:
         default=[],
         help="switch one KVCompass score term off (repeatable; Fig. 15)",
     )
+    g.add_argument(
+        "--remote-margin-rtt",
+        type=float,
+        default=0.0,
+        help="beyond the paper: round trips KVCompass's score adds to a worker in another "
+        "region, for its stale queue estimate (default 0: the paper's score)",
+    )
     g.add_argument("--update-delay-ms", type=float, default=0.0, help="MU → edge patch delay")
     g.add_argument("--update-loss", type=float, default=0.0, help="patch batch loss (0..1)")
     g.add_argument("--jitter-pct", type=float, default=0.0, help="± WAN one-way jitter (%%)")

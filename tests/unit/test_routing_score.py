@@ -74,6 +74,24 @@ def test_remote_vram_holder_wins_when_its_match_pays_for_the_round_trip() -> Non
     assert (c[B0].matched_tokens, c[B0].tier, c[B0].reload_ms) == (1008, Tier.VRAM, 0.0)
 
 
+def test_a_remote_margin_keeps_marginal_cross_region_work_home() -> None:
+    """b-0's match saves 100.8 ms of prefill for a 100 ms round trip: it wins by 1.8 ms
+    in the paper's score. A margin of 0.5 round trips (50 ms) keeps the request home."""
+    reader = StubReader(4)
+    reader.hold(B0, 1008)
+    config = RoutingConfig(ablations=Ablations(migration=False), remote_margin_rtt=0.5)
+    d = kvcompass_policy(TOY, reader, ManualClock(), config).decide(
+        request(tokens(2000)), explain=True
+    )
+    c = by_worker(d.candidates)
+    assert c[B0].score == pytest.approx(150 + 99.2)
+    assert c[B1].score == pytest.approx(150 + 200)
+    assert c[A0].score == pytest.approx(1 + 200)  # local workers pay no margin
+    assert (d.worker_id, d.reason, d.claimed_tokens) == ("a-0", "recompute", 0)
+    with pytest.raises(ValueError, match="remote_margin_rtt must be >= 0, got -1"):
+        RoutingConfig(remote_margin_rtt=-1)
+
+
 def test_without_cross_region_reuse_a_remote_holder_is_a_stranger() -> None:
     reader = StubReader(4)
     reader.hold(B0, 1008)

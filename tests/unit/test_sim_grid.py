@@ -10,7 +10,7 @@ import pytest
 
 from kvcompass.loadgen.reports.cells import paper_cell
 from kvcompass.loadgen.sim import cli as sim_cli
-from kvcompass.loadgen.sim.cell import Cell
+from kvcompass.loadgen.sim.cell import Cell, topology_of
 from kvcompass.loadgen.sim.grid import run_grid
 
 
@@ -104,3 +104,11 @@ def test_a_sweep_with_a_bad_rate_runs_no_cell(
     assert sim_cli.main([*args, "--jobs", "1", "--out", str(tmp_path / "sweep")]) == 2
     assert capsys.readouterr().err.strip() == "kvcompass sim: rate must be positive, got -1.0"
     assert not (tmp_path / "sweep").exists()
+
+
+def test_a_cell_hands_its_remote_margin_to_kvcompass_and_names_it_in_its_key() -> None:
+    cell = Cell("kvcompass", 100, remote_margin_rtt=1.5)
+    topology = topology_of(cell.topology)
+    assert cell.sim_config(topology).routing.remote_margin_rtt == 1.5
+    assert Cell("kvcompass", 100).sim_config(topology).routing.remote_margin_rtt == 0.0
+    assert "remote_margin_rtt=1.5" in cell.key

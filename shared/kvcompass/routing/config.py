@@ -62,6 +62,12 @@ class RoutingConfig:
     fallbacks: int = 2
     #: Prefix families the hot tracker remembers (least recently missed ones go first).
     max_families: int = 65_536
+    #: Beyond the paper (0: its score): round trips KVCompass's score adds to a worker in
+    #: another region. That worker's queue estimate is at least a report period and a WAN
+    #: crossing old, and the other regions' edges may pick the same worker meanwhile (the
+    #: herding window), so the estimate runs low where it decides; 1.0 charges a remote
+    #: worker two round trips. Measured in ``loadgen/reports/README.md``.
+    remote_margin_rtt: float = 0.0
     ablations: Ablations = field(default_factory=Ablations)
 
     def __post_init__(self) -> None:
@@ -71,5 +77,7 @@ class RoutingConfig:
             raise ValueError("piggyback_weight and belief_weight must be in (0, 1]")
         if self.lambda_max < 0 or self.idle_for_s < 0:
             raise ValueError("lambda_max and idle_for_s must be >= 0")
+        if not self.remote_margin_rtt >= 0:
+            raise ValueError(f"remote_margin_rtt must be >= 0, got {self.remote_margin_rtt}")
         if self.hot_misses < 1 or self.fallbacks < 0 or self.max_families < 1:
             raise ValueError("hot_misses and max_families must be >= 1, fallbacks >= 0")

@@ -47,7 +47,12 @@ class KVCompassPolicy(QueueFed):
         self._clock = clock
         self._planners: dict[Namespace, QueryPlanner] = {}
         self.score = JointScore(
-            topology, origin_region, config.ablations, config.lambda_max, config.tau_ms
+            topology,
+            origin_region,
+            config.ablations,
+            config.lambda_max,
+            config.tau_ms,
+            config.remote_margin_rtt,
         )
         n = self.score.n_workers
         self.belief = CacheBelief(n, config.belief_weight)

@@ -4,7 +4,9 @@ score(r) = WAN(o,r) + T̂q(r) + (1+λ)·β_r·(L − b_r·m_r) + γ·b_r·m_r·1
 
 - WAN(o, r): the round trip from the edge's region to r's (the request goes there, its
   tokens come back), the same RTT that places the first remote level n1 = RTT/β_r, so
-  on an idle pool a remote holder wins exactly when its match is worth the trip.
+  on an idle pool a remote holder wins exactly when its match is worth the trip. With a
+  remote margin m (``RoutingConfig.remote_margin_rtt``, 0 in the paper) a worker in
+  another region is charged (1 + m)·RTT.
 - T̂q(r): the edge's queue estimate (:mod:`kvcompass.routing.queues`).
 - λ = min(λmax, min_r T̂q(r)/τ): the capacity price (see ``RoutingConfig.tau_ms``).
 - β_r: worker r's prefill ms per token; b_r its cache belief; m_r, t_r its longest match
@@ -45,6 +47,7 @@ class JointScore:
         ablations: Ablations,
         lambda_max: float,
         tau_ms: float,
+        remote_margin_rtt: float = 0.0,
     ) -> None:
         workers = topology.workers
         self.n_workers = len(workers)
@@ -52,9 +55,12 @@ class JointScore:
         self.origin_region = origin_region
         self.ids = tuple(w.id for w in workers)
         self.regions = tuple(w.region for w in workers)
-        self.wan = tuple(topology.rtt_ms(origin_region, w.region) for w in workers)
-        self.beta = tuple(w.beta_ms_per_token for w in workers)
         self.remote = tuple(w.region != origin_region for w in workers)
+        self.wan = tuple(
+            topology.rtt_ms(origin_region, w.region) * (1.0 + remote_margin_rtt * far)
+            for w, far in zip(workers, self.remote, strict=True)
+        )
+        self.beta = tuple(w.beta_ms_per_token for w in workers)
         self.gamma = topology.gamma_ms_per_token if ablations.tier_aware else 0.0
         self.load_aware = ablations.load_aware
         self.xregion_reuse = ablations.xregion_reuse
