@@ -72,6 +72,12 @@ def _headline(a: argparse.Namespace) -> Artefact:
     return run_headline(a.out, quick=a.quick, jobs=a.jobs)
 
 
+def _margin(a: argparse.Namespace) -> Artefact:
+    from kvcompass.loadgen.reports.margin import run_margin
+
+    return run_margin(a.out, quick=a.quick, jobs=a.jobs)
+
+
 def _fig13(a: argparse.Namespace) -> Artefact:
     from kvcompass.loadgen.reports.fig13 import run_fig13
 
@@ -118,6 +124,7 @@ ARTEFACTS: dict[str, tuple[str, Maker]] = {
     "fig9": ("mean queueing delay vs offered load, with the M/G/1 curve (sim)", _fig9),
     "fig12": ("P99 TTFT vs rate, TTFT/E2E CDFs, throughput; sim-8region (sim)", _fig12),
     "headline": ("every scheme's P99 TTFT and throughput ÷ KVCompass's, 3 seeds (sim)", _headline),
+    "margin": ("beyond the paper: KVCompass with a remote margin, 3 seeds (sim)", _margin),
     "fig13": ("prefill tokens reused vs recomputed per scheme (sim)", _fig13),
     "fig14": ("per-worker load-factor heatmaps with each scheme's peak (sim)", _fig14),
     "fig15": ("ablations: throughput with one mechanism off (sim)", _fig15),
@@ -155,14 +162,15 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-#: ``all``: fig12 before headline, fig13 and fig14 (they reuse its cells), table5 after it
-#: (it reads them).
+#: ``all``: fig12 before headline, fig13 and fig14 (they reuse its cells), headline before
+#: margin (likewise), table5 after fig12 (it reads its cells).
 ALL_ORDER = (
     "fig2",
     "fig5b",
     "fig9",
     "fig12",
     "headline",
+    "margin",
     "fig13",
     "fig14",
     "fig15",

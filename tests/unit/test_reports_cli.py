@@ -33,6 +33,7 @@ def test_all_makes_every_artefact_once_fig12_before_its_readers_and_copies_pngs(
     assert sorted(made) == sorted(cli.ARTEFACTS)
     readers = ("headline", "fig13", "fig14", "table5")
     assert made.index("fig12") < min(made.index(n) for n in readers)
+    assert made.index("headline") < made.index("margin")
     assert sorted(p.name for p in figures.iterdir()) == sorted(f"{n}.png" for n in made)
 
 
