@@ -74,6 +74,13 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument(
+        "--remote-margin-rtt",
+        type=float,
+        default=0.0,
+        help="beyond the paper: round trips KVCompass's score adds to a worker in another "
+        "region (the routers' KVC_REMOTE_MARGIN_RTT; 0 = the paper's score)",
+    )
+    parser.add_argument(
         "--time-scale",
         type=float,
         default=1.0,
@@ -123,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         policy=BASELINE,
         time_scale=args.time_scale,
         api_keys=api_keys,
+        extra_env={"KVC_REMOTE_MARGIN_RTT": str(args.remote_margin_rtt)},
     )
     t0 = time.monotonic()
 

@@ -55,8 +55,9 @@ def routing_policy(
     settings: RouterSettings, topology: Topology, reader: IndexReader, clock: Clock
 ) -> RoutingPolicy:
     """The routing core's policy named by ``KVC_POLICY``."""
+    config = RoutingConfig(remote_margin_rtt=settings.remote_margin_rtt)
     return make_policy(
-        settings.policy, topology, settings.region, reader, config=RoutingConfig(), clock=clock
+        settings.policy, topology, settings.region, reader, config=config, clock=clock
     )
 
 

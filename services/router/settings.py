@@ -31,6 +31,12 @@ class RouterSettings(PipelineSettings):
         "kvcompass",
         "Routing policy: kvcompass or a baseline (a kvcompass.routing.POLICY_NAMES name).",
     )
+    remote_margin_rtt: float = setting(
+        0.0,
+        "Beyond the paper: round trips KVCompass's score adds to a worker in another region, "
+        "pricing its stale queue estimate (0: the paper's score; see "
+        "loadgen/reports/README.md, 'a remote margin').",
+    )
     worker_endpoints: str = setting(
         "",
         "Worker URLs: 'us-0=http://127.0.0.1:9100,eu-0=...' or the path of a file with one "
@@ -88,5 +94,7 @@ class RouterSettings(PipelineSettings):
         ):
             if getattr(self, name) <= 0:
                 raise self.invalid(name, "must be positive")
+        if not self.remote_margin_rtt >= 0:
+            raise self.invalid("remote_margin_rtt", "must be >= 0")
         if self.max_body_bytes < 1024:
             raise self.invalid("max_body_bytes", "must be at least 1024")

@@ -8,8 +8,12 @@ from pathlib import Path
 import pytest
 
 from kvcompass.errors import ConfigError
+from kvcompass.pipeline.clock import ManualClock
+from kvcompass.routing import KVCompassPolicy
+from kvcompass.routing.testing import StubReader
 from kvcompass.services.router.endpoints import worker_urls
 from kvcompass.services.router.openai import ApiError
+from kvcompass.services.router.service import routing_policy
 from kvcompass.services.router.settings import RouterSettings
 from kvcompass.services.router.tenancy import Tenancy
 from kvcompass.services.router.tokenizer import ByteTokenizer, chat_prompt, load
@@ -97,6 +101,7 @@ def test_a_tokenizers_json_file_is_used_when_configured(tmp_path: Path) -> None:
         ({"KVC_REGION": "us", "KVC_ROUTER_PROCESSES": "0"}, "KVC_ROUTER_PROCESSES"),
         ({"KVC_REGION": "us", "KVC_REQUEST_TIMEOUT_S": "0"}, "KVC_REQUEST_TIMEOUT_S"),
         ({"KVC_REGION": "us", "KVC_MAX_BODY_BYTES": "10"}, "KVC_MAX_BODY_BYTES"),
+        ({"KVC_REGION": "us", "KVC_REMOTE_MARGIN_RTT": "-1"}, "KVC_REMOTE_MARGIN_RTT"),
     ],
 )
 def test_settings_checks_name_the_variable(env: dict[str, str], needle: str) -> None:
@@ -109,3 +114,14 @@ def test_settings_defaults() -> None:
     assert (s.region, s.router_port, s.policy, s.tokenizer) == ("eu", 8000, "kvcompass", "bytes")
     masked = RouterSettings.from_env({"KVC_REGION": "eu", "KVC_API_KEYS": "k=t"}).as_dict()
     assert "k=t" not in str(masked["api_keys"])
+
+
+def test_the_remote_margin_setting_reaches_kvcompass_score() -> None:
+    topology = load_builtin("testbed-3region")
+    region = topology.regions[0].name
+    settings = RouterSettings.from_env({"KVC_REGION": region, "KVC_REMOTE_MARGIN_RTT": "1.5"})
+    policy = routing_policy(settings, topology, StubReader(len(topology.workers)), ManualClock())
+    assert isinstance(policy, KVCompassPolicy)
+    for w, wan in zip(topology.workers, policy.score.wan, strict=True):
+        rtt = topology.rtt_ms(region, w.region)
+        assert wan == pytest.approx(rtt if w.region == region else 2.5 * rtt)
