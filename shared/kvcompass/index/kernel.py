@@ -617,8 +617,8 @@ def _insert(
 
 @_compiled
 def apply_writes(
-    t: tuple[NDArray[Any], ...],
-    o: tuple[NDArray[Any], ...],
+    table: tuple[NDArray[Any], ...],
+    othello: tuple[NDArray[Any], ...],
     geo: NDArray[np.uint64],
     keys: NDArray[np.uint64],
     clear: NDArray[np.uint64],
@@ -627,26 +627,14 @@ def apply_writes(
 ) -> tuple[Index, int]:
     """value := (value & ~clear[i]) | bits[i] for keys[start:], in order (0 removes).
 
-    ``t`` and ``o`` are a :class:`TableArrays` and an :class:`OthelloArrays` as plain
-    tuples (``tuple(arrays)``): numba's dispatcher types a plain tuple of arrays in C but
-    a NamedTuple in Python, about 2 µs more per call (a call often writes 1-3 keys).
+    ``table`` and ``othello`` are a :class:`TableArrays` and an :class:`OthelloArrays` as
+    plain tuples (``tuple(arrays)``): numba's dispatcher types a plain tuple of arrays in
+    C but a NamedTuple in Python, about 2 µs more per call (a call often writes 1-3 keys).
     Returns (status, index): DONE, or the status that stopped it at write ``index``
     (see the status constants). Inputs must already be validated: keys below 2^63,
     bits within the value width.
     """
-    return _apply_writes(TableArrays(*t), OthelloArrays(*o), geo, keys, clear, bits, start)
-
-
-@_compiled
-def _apply_writes(
-    t: TableArrays,
-    o: OthelloArrays,
-    geo: NDArray[np.uint64],
-    keys: NDArray[np.uint64],
-    clear: NDArray[np.uint64],
-    bits: NDArray[np.uint64],
-    start: Index,
-) -> tuple[Index, int]:
+    t, o = TableArrays(*table), OthelloArrays(*othello)
     nb = geo[_NB]
     s = _Scratch(
         np.empty(64, dtype=np.int32),
