@@ -461,8 +461,9 @@ class PrefixCache:
     ) -> tuple[int, int] | None:
         """Hold blocks ``depth + 1..n_blocks`` of ``data`` in ``tier`` as one new run
         under ``parent``, as many as room can be made for; their first and last depth.
-        Room is made block by block, as each would be attached: the blocks are pinned,
-        so no victim search sees them."""
+        Room is made at once for the blocks that do not fit, in the victim order attaching
+        them one by one would give: the blocks are pinned, so no victim search sees
+        them."""
         used = self.used
         last = min(n_blocks, depth + self.capacity[tier] - used[tier])  # what fits now
         if last < n_blocks:
