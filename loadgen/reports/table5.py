@@ -124,7 +124,7 @@ def end_to_end(out: Path, quick: bool) -> str:
     lines = []
     for cell in cells(SCALES["fig12"], quick):
         folder = out / "grid" / cell.key
-        if cell.policy == "kvcompass" and done_summary(folder) is not None:
+        if cell.policy == "kvcompass" and done_summary(folder, cell) is not None:
             req = load_run(folder).requests
             share = false_lookup_share(req["matched_tokens"], req["reused_tokens"])
             lines.append(

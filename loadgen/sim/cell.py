@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kvcompass.loadgen.cli import workload
 from kvcompass.loadgen.sim.config import SimConfig
@@ -19,7 +21,7 @@ from kvcompass.routing import Ablations, RoutingConfig
 from kvcompass.topology import Topology, builtin_names, load_builtin, load_topology
 from kvcompass.worker import EvictionPolicy
 
-__all__ = ["ABLATIONS", "Cell", "run_cell", "topology_of", "write_cell"]
+__all__ = ["ABLATIONS", "Cell", "recorded_config", "run_cell", "topology_of", "write_cell"]
 
 #: Ablation names: each switches one term of the joint score off (Fig. 15).
 ABLATIONS = tuple(f.name for f in dataclasses.fields(Ablations))
@@ -126,10 +128,21 @@ def topology_of(name_or_path: str) -> Topology:
 def run_cell(cell: Cell, progress: Progress | None = None) -> SimResult:
     topology = topology_of(cell.topology)
     result = simulate(cell.sim_config(topology), cell.requests_of(topology), progress)
-    result.config["cell"] = {
-        k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(cell).items()
-    }
+    result.config["cell"] = _fields(cell)
     return result
+
+
+def recorded_config(cell: Cell) -> dict[str, Any]:
+    """The ``config`` a finished run of ``cell`` records in its ``summary.json``, as JSON
+    reads it back: every simulation setting, defaults included, and the cell's fields.
+    A folder whose record differs was made under other defaults or code."""
+    config = cell.sim_config(topology_of(cell.topology)).as_dict() | {"cell": _fields(cell)}
+    loaded: dict[str, Any] = json.loads(json.dumps(config, default=str))
+    return loaded
+
+
+def _fields(cell: Cell) -> dict[str, Any]:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(cell).items()}
 
 
 def write_cell(cell: Cell, folder: Path) -> None:

@@ -4,8 +4,11 @@ Layout: ``<root>/<cell.key>/`` per cell (``requests.csv``, ``load.csv``, ``summa
 and ``<root>/index.csv``, one row per complete cell folder under the root: its cell's
 fields, then its summary (whose ``requests`` is the count simulated). Resume rule: a
 cell whose ``summary.json`` parses (:func:`done_summary`; the simulator writes it last)
-is not run again. ``kvcompass sim sweep`` and every simulator-based report run their
-cells through :func:`run_grid`.
+and records the settings this code gives the cell (:func:`stale_setting`) is not run
+again; a folder made under other defaults is run again, and said so. Changes that no
+setting records (a workload generator's or the simulator's code) are not detected:
+after those, use a new ``--out``. ``kvcompass sim sweep`` and every simulator-based
+report run their cells through :func:`run_grid`.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -20,12 +24,15 @@ from typing import Any
 
 from tqdm import tqdm
 
-from kvcompass.loadgen.sim.cell import Cell, write_cell
+from kvcompass.loadgen.sim.cell import Cell, recorded_config, write_cell
 
-__all__ = ["CellRunner", "done_summary", "product", "run_grid"]
+__all__ = ["CellRunner", "done_summary", "product", "run_grid", "stale_setting"]
 
 #: Runs one cell and writes its folder (a module-level function, to pickle to workers).
 CellRunner = Callable[[Cell, Path], None]
+
+#: What :func:`stale_setting` shows for a setting one side does not record.
+_ABSENT = "(absent)"
 
 
 def product(
@@ -40,13 +47,46 @@ def product(
     ]
 
 
-def done_summary(folder: Path) -> dict[str, Any] | None:
-    """The cell's summary if its run completed (summary.json is written last)."""
-    try:
-        summary: dict[str, Any] = json.loads((folder / "summary.json").read_text())["summary"]
-    except (OSError, ValueError, KeyError, TypeError):
+def done_summary(folder: Path, cell: Cell | None = None) -> dict[str, Any] | None:
+    """The cell's summary if its run completed (summary.json is written last) and, given
+    the cell, was made with the settings this code gives it."""
+    record = _record(folder)
+    if record is None or (cell is not None and _stale(record, cell) is not None):
         return None
+    summary: dict[str, Any] = record["summary"]
     return summary
+
+
+def stale_setting(folder: Path, cell: Cell) -> str | None:
+    """The first setting in which the folder's finished run differs from what this code
+    gives ``cell`` (``"config.routing.remote_margin_rtt: 0.0 → 1.0"``), or None."""
+    record = _record(folder)
+    return None if record is None else _stale(record, cell)
+
+
+def _stale(record: dict[str, Any], cell: Cell) -> str | None:
+    return _difference(record.get("config"), recorded_config(cell), "config")
+
+
+def _record(folder: Path) -> dict[str, Any] | None:
+    """A complete ``summary.json`` (its summary and the config it ran with), or None."""
+    try:
+        record = json.loads((folder / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("summary"), dict) else None
+
+
+def _difference(recorded: Any, expected: Any, where: str) -> str | None:
+    if isinstance(recorded, dict) and isinstance(expected, dict):
+        for key in sorted(recorded.keys() | expected.keys()):
+            found = _difference(
+                recorded.get(key, _ABSENT), expected.get(key, _ABSENT), f"{where}.{key}"
+            )
+            if found is not None:
+                return found
+        return None
+    return None if recorded == expected else f"{where}: {recorded!r} → {expected!r}"
 
 
 def run_grid(
@@ -63,12 +103,24 @@ def run_grid(
     skipped)`` after each cell; a failed cell stops the grid, finished cells stay done."""
     root.mkdir(parents=True, exist_ok=True)
     folders = {cell: root / cell.key for cell in cells}
-    todo = []
+    todo, stale = [], []
     for cell, folder in folders.items():
-        if done_summary(folder) is None:
+        record = _record(folder)
+        if record is None:
             todo.append(cell)
+        elif (setting := _stale(record, cell)) is not None:
+            # Gone before the rerun starts, so an interrupted rerun is not taken as done.
+            (folder / "summary.json").unlink()
+            todo.append(cell)
+            stale.append(f"{folder.name} ({setting.removeprefix('config.')})")
         elif on_done is not None:
             on_done(cell, True)
+    if stale:
+        tqdm.write(
+            f"running {len(stale)} finished cell(s) under {root} again: made with other "
+            f"settings than this code gives them, e.g. {stale[0]}",
+            file=sys.stderr,
+        )
     with tqdm(total=len(todo), desc="simulations", unit="run", disable=not progress) as bar:
         for cell in _finished(todo, folders, jobs, runner):
             bar.update()

@@ -10,18 +10,21 @@ import pytest
 
 from kvcompass.loadgen.reports.cells import paper_cell
 from kvcompass.loadgen.sim import cli as sim_cli
-from kvcompass.loadgen.sim.cell import Cell, topology_of
-from kvcompass.loadgen.sim.grid import run_grid
+from kvcompass.loadgen.sim.cell import Cell, recorded_config, topology_of
+from kvcompass.loadgen.sim.grid import done_summary, run_grid
 
 
 class _Counting:
+    """Writes what a finished run of the cell records, without simulating it."""
+
     def __init__(self) -> None:
         self.ran: list[Cell] = []
 
     def __call__(self, cell: Cell, folder: Path) -> None:
         self.ran.append(cell)
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "summary.json").write_text(json.dumps({"summary": {}, "config": {}}))
+        record = {"summary": {}, "config": recorded_config(cell)}
+        (folder / "summary.json").write_text(json.dumps(record))
 
 
 CELLS = [Cell(p, r) for p in ("kvcompass", "random") for r in (100.0, 200.0)]
@@ -44,6 +47,33 @@ def test_incomplete_or_missing_summary_reruns_only_that_cell(tmp_path: Path) -> 
     again = _Counting()
     run_grid(CELLS, tmp_path, runner=again, progress=False)
     assert sorted(again.ran, key=str) == sorted(CELLS[:2], key=str)
+
+
+def test_a_folder_made_under_other_defaults_runs_again_and_says_which_setting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A default that changed between two runs of one grid (same folder name, other
+    behaviour) must not be resumed as if current: the cell runs again, and until its
+    rerun finishes the folder does not count as done."""
+    run_grid(CELLS, tmp_path, runner=_Counting(), progress=False)
+    old = tmp_path / CELLS[2].key / "summary.json"
+    record = json.loads(old.read_text())
+    record["config"]["routing"]["remote_margin_rtt"] = 0.5  # what an older default gave
+    old.write_text(json.dumps(record))
+    assert done_summary(old.parent) == {}
+    assert done_summary(old.parent, CELLS[2]) is None
+
+    def fails(cell: Cell, folder: Path) -> None:
+        raise RuntimeError("killed mid-run")
+
+    with pytest.raises(RuntimeError):
+        run_grid(CELLS, tmp_path, runner=fails, progress=False)
+    assert "routing.remote_margin_rtt: 0.5 → 0.0" in capsys.readouterr().err
+    assert not old.exists()
+    again = _Counting()
+    run_grid(CELLS, tmp_path, runner=again, progress=False)
+    assert again.ran == [CELLS[2]]
+    assert done_summary(old.parent, CELLS[2]) == {}
 
 
 def test_cell_keys_differ_by_every_knob() -> None:
