@@ -38,6 +38,7 @@ from kvcompass.loadgen.workloads import (
     SyntheticWorkload,
 )
 from kvcompass.loadgen.workloads.request import bounded
+from kvcompass.routing import RoutingConfig
 from kvcompass.topology import Topology, builtin_names, load_builtin, load_topology
 
 __all__ = ["main"]
@@ -76,9 +77,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--remote-margin-rtt",
         type=float,
-        default=0.0,
+        default=RoutingConfig.remote_margin_rtt,
         help="beyond the paper: round trips KVCompass's score adds to a worker in another "
-        "region (the routers' KVC_REMOTE_MARGIN_RTT; 0 = the paper's score)",
+        "region (the routers' KVC_REMOTE_MARGIN_RTT; 0 = the paper's score; default "
+        "%(default)s)",
     )
     parser.add_argument(
         "--time-scale",

@@ -38,6 +38,7 @@ from kvcompass.loadgen.sim.config import SimConfig
 from kvcompass.loadgen.sim.records import SimRecord
 from kvcompass.loadgen.sim.simulator import simulate
 from kvcompass.loadgen.workloads import LiveRequest
+from kvcompass.routing import RoutingConfig
 from kvcompass.topology import Topology
 
 __all__ = ["TOLERANCE", "Gap", "compare", "main", "measured_overhead"]
@@ -170,6 +171,7 @@ def _config(args: argparse.Namespace, topology: Topology, overhead: float) -> Si
         seed=args.seed,
         update_delay_ms=args.update_delay_ms,
         serving_overhead_ms=overhead,
+        routing=RoutingConfig(remote_margin_rtt=args.remote_margin_rtt),
     )
 
 
@@ -204,6 +206,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=7, help="the demo's --seed")
     p.add_argument("--time-scale", type=float, default=1.0, help="the demo's --time-scale")
     p.add_argument("--update-delay-ms", type=float, default=0.0, help="MU → edge delay to model")
+    p.add_argument(
+        "--remote-margin-rtt",
+        type=float,
+        default=RoutingConfig.remote_margin_rtt,
+        help="the demo's --remote-margin-rtt (default %(default)s)",
+    )
     p.add_argument(
         "--serving-overhead-ms",
         type=float,

@@ -64,7 +64,7 @@ class Cell:
     max_prompt_tokens: int | None = None
     max_tokens: int | None = None
     #: KVCompass's remote margin (``RoutingConfig.remote_margin_rtt``; 0: the paper's score).
-    remote_margin_rtt: float = 0.0
+    remote_margin_rtt: float = RoutingConfig.remote_margin_rtt
 
     def __post_init__(self) -> None:
         # Checked when the cell is made, so a sweep refuses a bad rate before running any

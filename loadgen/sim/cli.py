@@ -16,7 +16,7 @@ from kvcompass.loadgen.sim.cell import ABLATIONS, Cell, run_cell
 from kvcompass.loadgen.sim.grid import product, run_grid
 from kvcompass.loadgen.sim.records import SimResult
 from kvcompass.loadgen.workloads import WORKLOADS
-from kvcompass.routing import POLICY_NAMES
+from kvcompass.routing import POLICY_NAMES, RoutingConfig
 from kvcompass.worker import EvictionPolicy
 
 __all__ = ["main", "parser"]
@@ -48,9 +48,10 @@ def _cell_arguments(p: argparse.ArgumentParser, sweep: bool) -> None:
     g.add_argument(
         "--remote-margin-rtt",
         type=float,
-        default=0.0,
+        default=RoutingConfig.remote_margin_rtt,
         help="beyond the paper: round trips KVCompass's score adds to a worker in another "
-        "region, for its stale queue estimate (default 0: the paper's score)",
+        "region, for its stale queue estimate (0: the paper's score; default %(default)s, "
+        "as the router ships)",
     )
     g.add_argument("--update-delay-ms", type=float, default=0.0, help="MU → edge patch delay")
     g.add_argument("--update-loss", type=float, default=0.0, help="patch batch loss (0..1)")

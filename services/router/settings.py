@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvcompass.routing import RoutingConfig
 from kvcompass.services.settings import PipelineSettings
 from kvcompass.settings import setting
 
@@ -32,7 +33,7 @@ class RouterSettings(PipelineSettings):
         "Routing policy: kvcompass or a baseline (a kvcompass.routing.POLICY_NAMES name).",
     )
     remote_margin_rtt: float = setting(
-        0.0,
+        RoutingConfig.remote_margin_rtt,
         "Beyond the paper: round trips KVCompass's score adds to a worker in another region, "
         "pricing its stale queue estimate (0: the paper's score; see "
         "loadgen/reports/README.md, 'a remote margin').",

@@ -36,7 +36,8 @@ from kvcompass.routing.testing import (
 )
 from kvcompass.topology import load_builtin
 
-NO_MIGRATION = RoutingConfig(ablations=Ablations(migration=False))
+#: The paper's score (no remote margin), migration off: both are tested on their own.
+NO_MIGRATION = RoutingConfig(ablations=Ablations(migration=False), remote_margin_rtt=0.0)
 
 
 def kvc(reader: IndexReader, clock: ManualClock | None = None) -> KVCompassPolicy:

@@ -35,9 +35,11 @@ from kvcompass.topology import Topology
 def policy(
     topology: Topology, reader: StubReader, ablations: Ablations | None = None
 ) -> KVCompassPolicy:
-    """A KVCompass policy for origin "a", migration off (it is tested on its own)."""
+    """A KVCompass policy for origin "a" with the paper's score (no remote margin; that is
+    tested on its own), migration off (likewise)."""
     no_migration = dataclasses.replace(ablations or Ablations(), migration=False)
-    return kvcompass_policy(topology, reader, ManualClock(), RoutingConfig(ablations=no_migration))
+    config = RoutingConfig(ablations=no_migration, remote_margin_rtt=0.0)
+    return kvcompass_policy(topology, reader, ManualClock(), config)
 
 
 def set_queues(p: KVCompassPolicy, region: str, **ms: float) -> None:

@@ -58,7 +58,7 @@ def test_a_folder_made_under_other_defaults_runs_again_and_says_which_setting(
     run_grid(CELLS, tmp_path, runner=_Counting(), progress=False)
     old = tmp_path / CELLS[2].key / "summary.json"
     record = json.loads(old.read_text())
-    record["config"]["routing"]["remote_margin_rtt"] = 0.5  # what an older default gave
+    record["config"]["routing"]["remote_margin_rtt"] = 0.25  # what an older default gave
     old.write_text(json.dumps(record))
     assert done_summary(old.parent) == {}
     assert done_summary(old.parent, CELLS[2]) is None
@@ -68,7 +68,7 @@ def test_a_folder_made_under_other_defaults_runs_again_and_says_which_setting(
 
     with pytest.raises(RuntimeError):
         run_grid(CELLS, tmp_path, runner=fails, progress=False)
-    assert "routing.remote_margin_rtt: 0.5 → 0.0" in capsys.readouterr().err
+    assert "routing.remote_margin_rtt: 0.25 → 1.0" in capsys.readouterr().err
     assert not old.exists()
     again = _Counting()
     run_grid(CELLS, tmp_path, runner=again, progress=False)
@@ -140,5 +140,10 @@ def test_a_cell_hands_its_remote_margin_to_kvcompass_and_names_it_in_its_key() -
     cell = Cell("kvcompass", 100, remote_margin_rtt=1.5)
     topology = topology_of(cell.topology)
     assert cell.sim_config(topology).routing.remote_margin_rtt == 1.5
-    assert Cell("kvcompass", 100).sim_config(topology).routing.remote_margin_rtt == 0.0
+    shipped = Cell("kvcompass", 100)
+    assert shipped.sim_config(topology).routing.remote_margin_rtt == 1.0  # as the router ships
+    assert "remote_margin" not in shipped.key
     assert "remote_margin_rtt=1.5" in cell.key
+    paper = paper_cell("kvcompass", 100)
+    assert paper.sim_config(topology).routing.remote_margin_rtt == 0.0  # the paper's score
+    assert "remote_margin_rtt=0.0" in paper.key

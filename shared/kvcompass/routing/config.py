@@ -65,9 +65,11 @@ class RoutingConfig:
     #: Beyond the paper (0: its score): round trips KVCompass's score adds to a worker in
     #: another region. That worker's queue estimate is at least a report period and a WAN
     #: crossing old, and the other regions' edges may pick the same worker meanwhile (the
-    #: herding window), so the estimate runs low where it decides; 1.0 charges a remote
-    #: worker two round trips. Measured in ``loadgen/reports/README.md``.
-    remote_margin_rtt: float = 0.0
+    #: herding window), so the estimate runs low where it decides. The default, 1.0,
+    #: charges a remote worker two round trips: it gave the lowest P99 TTFT at more loads
+    #: than the paper's score on every workload and topology measured (``kvcompass report
+    #: margin-grid``; ``loadgen/reports/README.md``). The paper's evaluation pins 0.
+    remote_margin_rtt: float = 1.0
     ablations: Ablations = field(default_factory=Ablations)
 
     def __post_init__(self) -> None:

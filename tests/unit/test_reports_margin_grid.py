@@ -1,0 +1,86 @@
+"""``kvcompass report margin-grid``: KVCompass with the shipped remote margin and with the
+paper's score, each against the best other scheme at every point of Fig. 12's and Fig.
+16's grids."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvcompass.loadgen.reports import fig12, margin_grid
+from kvcompass.loadgen.reports.cells import paper_cell, rates_of
+from kvcompass.loadgen.reports.runs import Run
+from kvcompass.loadgen.sim.cell import Cell
+from kvcompass.routing import RoutingConfig
+
+TOPOLOGY = "sim-8region"
+LOW, HIGH = rates_of(TOPOLOGY, [0.5, 1.0], "wildchat")
+
+
+def _run(p99: float, throughput: float) -> Run:
+    summary = {"ttft_p99_ms": p99, "throughput_req_per_s": throughput, "cross_region_share": 0.2}
+    return Run(summary, {}, {"ttft_ms": np.zeros(1)}, {})
+
+
+def _cell(policy: str, rate: float, margin: float = 0.0) -> Cell:
+    return paper_cell(
+        policy, rate, topology=TOPOLOGY, workload="wildchat", remote_margin_rtt=margin
+    )
+
+
+def _runs() -> dict[Cell, Run]:
+    """At the low rate SkyWalker has the lowest P99 (600) and Dynamo the most req/s (100);
+    KVCompass: 620 ms / 99 req/s with the paper's score, 550 / 101 shipped. At the high
+    rate the paper's KVCompass wins both and the shipped one loses P99 to SkyWalker."""
+    shipped = margin_grid.SHIPPED
+    return {
+        _cell("skywalker", LOW): _run(600.0, 90.0),
+        _cell("dynamo", LOW): _run(700.0, 100.0),
+        _cell("kvcompass", LOW): _run(620.0, 99.0),
+        _cell("kvcompass", LOW, shipped): _run(550.0, 101.0),
+        _cell("skywalker", HIGH): _run(800.0, 150.0),
+        _cell("kvcompass", HIGH): _run(750.0, 160.0),
+        _cell("kvcompass", HIGH, shipped): _run(810.0, 161.0),
+        _cell("kvcompass", HIGH, 2.5): _run(1.0, 1e6),  # another margin: not either variant
+    }
+
+
+def test_each_point_compares_both_variants_with_the_best_other_scheme() -> None:
+    low, high = margin_grid.tabulate(_runs())
+    assert (low["load"], high["load"]) == (0.5, 1.0)
+    assert low["best_other_p99_policy"] == "skywalker"
+    assert (low["best_other_p99_ms"], low["best_other_req_per_s"]) == (600.0, 100.0)
+    assert (low["paper_lowest_p99"], low["shipped_lowest_p99"]) == (False, True)
+    assert (low["paper_highest_throughput"], low["shipped_highest_throughput"]) == (False, True)
+    assert (high["paper_lowest_p99"], high["shipped_lowest_p99"]) == (True, False)
+    assert high["shipped_p99_ms"] == pytest.approx(810.0)
+    tally = margin_grid.counts([low, high])
+    assert tally["total"] == tally[TOPOLOGY]
+    assert tally["total"] == {
+        "points": 2,
+        "paper_lowest_p99": 1,
+        "shipped_lowest_p99": 1,
+        "paper_highest_throughput": 1,
+        "shipped_highest_throughput": 2,
+    }
+
+
+def test_a_point_without_both_variants_is_left_out() -> None:
+    runs = _runs()
+    del runs[_cell("kvcompass", HIGH, margin_grid.SHIPPED)]
+    assert [r["load"] for r in margin_grid.tabulate(runs)] == [0.5]
+
+
+def test_cells_are_both_figures_plus_the_shipped_kvcompass_at_each_point() -> None:
+    grid = margin_grid.cells(quick=True)
+    base = [
+        c for s in margin_grid.SCALES for c in fig12.cells(s, True, ("mixed", "wildchat", "lmsys"))
+    ]
+    extra = [c for c in grid if c not in set(base)]
+    assert margin_grid.SHIPPED == RoutingConfig().remote_margin_rtt > 0
+    assert {(c.policy, c.remote_margin_rtt) for c in extra} == {("kvcompass", margin_grid.SHIPPED)}
+    ours = [c for c in base if c.policy == "kvcompass"]
+    assert {c.remote_margin_rtt for c in ours} == {0.0}
+    assert sorted((c.topology, c.workload, c.rate) for c in extra) == sorted(
+        (c.topology, c.workload, c.rate) for c in ours
+    )
