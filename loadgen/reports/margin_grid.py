@@ -13,6 +13,7 @@ and Fig. 16's own, reused when the reports share ``--out``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from kvcompass.loadgen.reports import fig12
-from kvcompass.loadgen.reports.cells import WORKLOADS, paper_cell, rates_of
+from kvcompass.loadgen.reports.cells import WORKLOADS, rates_of
 from kvcompass.loadgen.reports.common import Artefact
 from kvcompass.loadgen.reports.runs import Run
 from kvcompass.loadgen.reports.sweep import collect
@@ -33,6 +34,7 @@ __all__ = ["SHIPPED", "cells", "counts", "figure", "run_margin_grid", "tabulate"
 OURS = "kvcompass"
 #: The margin the router ships (round trips).
 SHIPPED = RoutingConfig.remote_margin_rtt
+SHIPPED_LABEL = f"shipped (m = {SHIPPED:g})"
 SCALES = (fig12.SCALES["fig12"], fig12.SCALES["fig16"])
 COLUMNS = (
     "topology",
@@ -61,17 +63,9 @@ def cells(quick: bool) -> list[Cell]:
     grid = []
     for scale in SCALES:
         base = fig12.cells(scale, quick, WORKLOADS)
-        shipped = [
-            paper_cell(OURS, c.rate, c.seed, **_knobs(c), remote_margin_rtt=SHIPPED)
-            for c in base
-            if c.policy == OURS
-        ]
+        shipped = [replace(c, remote_margin_rtt=SHIPPED) for c in base if c.policy == OURS]
         grid += base + shipped
     return grid
-
-
-def _knobs(cell: Cell) -> dict[str, Any]:
-    return {"topology": cell.topology, "requests": cell.requests, "workload": cell.workload}
 
 
 def tabulate(runs: Mapping[Cell, Run]) -> list[dict[str, Any]]:
@@ -158,7 +152,7 @@ def figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
                 key=lambda r: r["load"],
             )
             x = [r["load"] for r in mine]
-            for name, label in (("paper", "paper's score (m = 0)"), ("shipped", _shipped())):
+            for name, label in (("paper", "paper's score (m = 0)"), ("shipped", SHIPPED_LABEL)):
                 y = [r[f"{name}_p99_ms"] / r["best_other_p99_ms"] for r in mine]
                 ax.plot(x, y, marker="o", label=label)
             ax.axhline(1.0, color="black", lw=1)
@@ -178,10 +172,6 @@ def figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
         fontsize=10,
     )
     return fig
-
-
-def _shipped() -> str:
-    return f"shipped (m = {SHIPPED:g})"
 
 
 def run_margin_grid(
