@@ -4,7 +4,7 @@ Layout: ``<root>/<cell.key>/`` per cell (``requests.csv``, ``load.csv``, ``summa
 and ``<root>/index.csv``, one row per complete cell folder under the root: its cell's
 fields, then its summary (whose ``requests`` is the count simulated). Resume rule: a
 cell whose ``summary.json`` parses (:func:`done_summary`; the simulator writes it last)
-and records the settings this code gives the cell (:func:`stale_setting`) is not run
+and records the settings this code gives the cell (:func:`recorded_config`) is not run
 again; a folder made under other defaults is run again, and said so. Changes that no
 setting records (a workload generator's or the simulator's code) are not detected:
 after those, use a new ``--out``. ``kvcompass sim sweep`` and every simulator-based
@@ -26,12 +26,12 @@ from tqdm import tqdm
 
 from kvcompass.loadgen.sim.cell import Cell, recorded_config, write_cell
 
-__all__ = ["CellRunner", "done_summary", "product", "run_grid", "stale_setting"]
+__all__ = ["CellRunner", "done_summary", "product", "run_grid"]
 
 #: Runs one cell and writes its folder (a module-level function, to pickle to workers).
 CellRunner = Callable[[Cell, Path], None]
 
-#: What :func:`stale_setting` shows for a setting one side does not record.
+#: What :func:`_stale` shows for a setting one side does not record.
 _ABSENT = "(absent)"
 
 
@@ -57,14 +57,9 @@ def done_summary(folder: Path, cell: Cell | None = None) -> dict[str, Any] | Non
     return summary
 
 
-def stale_setting(folder: Path, cell: Cell) -> str | None:
-    """The first setting in which the folder's finished run differs from what this code
-    gives ``cell`` (``"config.routing.remote_margin_rtt: 0.0 → 1.0"``), or None."""
-    record = _record(folder)
-    return None if record is None else _stale(record, cell)
-
-
 def _stale(record: dict[str, Any], cell: Cell) -> str | None:
+    """The first setting in which a finished run's record differs from what this code
+    gives ``cell`` (``"config.routing.remote_margin_rtt: 0.0 → 1.0"``), or None."""
     return _difference(record.get("config"), recorded_config(cell), "config")
 
 
