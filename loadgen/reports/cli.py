@@ -136,7 +136,7 @@ ARTEFACTS: dict[str, tuple[str, Maker]] = {
     "fig15": ("ablations: throughput with one mechanism off (sim)", _fig15),
     "fig16": ("Fig. 12 on sim-16region, 128 workers (sim)", _fig16),
     "margin-grid": (
-        "the shipped remote margin vs the paper's score, Fig. 12+16 grids",
+        "beyond the paper: the shipped margin vs the paper's score, Figs. 12 + 16 (sim)",
         _margin_grid,
     ),
     "peak": ("peak load factor, KVCompass vs Oracle, on long runs (sim)", _peak),
