@@ -89,6 +89,7 @@ def test_a_remote_margin_keeps_marginal_cross_region_work_home() -> None:
     assert c[B0].score == pytest.approx(150 + 99.2)
     assert c[B1].score == pytest.approx(150 + 200)
     assert c[A0].score == pytest.approx(1 + 200)  # local workers pay no margin
+    assert (c[B0].wan_ms, c[A0].wan_ms) == pytest.approx((150, 1))  # what /v1/route shows
     assert (d.worker_id, d.reason, d.claimed_tokens) == ("a-0", "recompute", 0)
     with pytest.raises(ValueError, match="remote_margin_rtt must be >= 0, got -1"):
         RoutingConfig(remote_margin_rtt=-1)

@@ -45,8 +45,10 @@ class Candidate(NamedTuple):
     third of the time (0.6 µs against 1.9 µs here), which the per-request path pays.
 
     ``wan_ms`` is the round trip from the origin (the request goes there and its tokens
-    come back); ``prefill_ms`` is already priced, (1+λ)·β·(L − belief·matched_tokens);
-    ``reload_ms`` is γ·belief·matched_tokens for a DRAM-resident match, else 0.
+    come back), times (1 + ``RoutingConfig.remote_margin_rtt``) for a worker in another
+    region under KVCompass's score; ``prefill_ms`` is already priced,
+    (1+λ)·β·(L − belief·matched_tokens); ``reload_ms`` is γ·belief·matched_tokens for a
+    DRAM-resident match, else 0.
     """
 
     worker: int
