@@ -15,12 +15,15 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
+from importlib import import_module
 from pathlib import Path
 
 from kvcompass.loadgen.reports.cells import WORKLOADS
 from kvcompass.loadgen.reports.common import Artefact, repo_root
 
 __all__ = ["ALL_ORDER", "ARTEFACTS", "Maker", "main"]
+
+Maker = Callable[[argparse.Namespace], Artefact]
 
 
 def _traces_dir(given: str | None) -> Path:
@@ -54,10 +57,17 @@ def _table5(a: argparse.Namespace) -> Artefact:
     return art
 
 
-def _fig9(a: argparse.Namespace) -> Artefact:
-    from kvcompass.loadgen.reports.fig9 import run_fig9
+def _simulated(module: str) -> Maker:
+    """A simulator report's maker: ``run_<module>(out, quick=, jobs=)``, imported only when
+    it runs (``--help`` stays fast)."""
 
-    return run_fig9(a.out, quick=a.quick, jobs=a.jobs)
+    def make(a: argparse.Namespace) -> Artefact:
+        run: Callable[..., Artefact] = getattr(
+            import_module(f"{__package__}.{module}"), f"run_{module}"
+        )
+        return run(a.out, quick=a.quick, jobs=a.jobs)
+
+    return make
 
 
 def _fig12(a: argparse.Namespace) -> Artefact:
@@ -66,81 +76,37 @@ def _fig12(a: argparse.Namespace) -> Artefact:
     return run_fig12(a.out, quick=a.quick, jobs=a.jobs, workloads=a.workloads)
 
 
-def _headline(a: argparse.Namespace) -> Artefact:
-    from kvcompass.loadgen.reports.headline import run_headline
-
-    return run_headline(a.out, quick=a.quick, jobs=a.jobs)
-
-
-def _margin(a: argparse.Namespace) -> Artefact:
-    from kvcompass.loadgen.reports.margin import run_margin
-
-    return run_margin(a.out, quick=a.quick, jobs=a.jobs)
-
-
-def _margin_grid(a: argparse.Namespace) -> Artefact:
-    from kvcompass.loadgen.reports.margin_grid import run_margin_grid
-
-    return run_margin_grid(a.out, quick=a.quick, jobs=a.jobs)
-
-
-def _fig13(a: argparse.Namespace) -> Artefact:
-    from kvcompass.loadgen.reports.fig13 import run_fig13
-
-    return run_fig13(a.out, quick=a.quick, jobs=a.jobs)
-
-
-def _fig14(a: argparse.Namespace) -> Artefact:
-    from kvcompass.loadgen.reports.fig14 import run_fig14
-
-    return run_fig14(a.out, quick=a.quick, jobs=a.jobs)
-
-
-def _fig15(a: argparse.Namespace) -> Artefact:
-    from kvcompass.loadgen.reports.fig15 import run_fig15
-
-    return run_fig15(a.out, quick=a.quick, jobs=a.jobs)
-
-
 def _fig16(a: argparse.Namespace) -> Artefact:
     from kvcompass.loadgen.reports.fig12 import run_fig12
 
     return run_fig12(a.out, quick=a.quick, jobs=a.jobs, scale="fig16", workloads=a.workloads)
 
 
-def _peak(a: argparse.Namespace) -> Artefact:
-    from kvcompass.loadgen.reports.peak import run_peak
-
-    return run_peak(a.out, quick=a.quick, jobs=a.jobs)
-
-
-def _table4(a: argparse.Namespace) -> Artefact:
-    from kvcompass.loadgen.reports.table4 import run_table4
-
-    return run_table4(a.out, quick=a.quick, jobs=a.jobs)
-
-
-Maker = Callable[[argparse.Namespace], Artefact]
-
 #: artefact → (what it shows, how to make it)
 ARTEFACTS: dict[str, tuple[str, Maker]] = {
     "fig2": ("share of reusable prefixes cached only in another region (traces)", _fig2),
     "fig5b": ("latency-derived levels vs fixed grids, by table budget (traces)", _fig5b),
     "table5": ("structural false hits of the keyless index by load, ± fingerprints", _table5),
-    "fig9": ("mean queueing delay vs offered load, with the M/G/1 curve (sim)", _fig9),
+    "fig9": ("mean queueing delay vs offered load, with the M/G/1 curve (sim)", _simulated("fig9")),
     "fig12": ("P99 TTFT vs rate, TTFT/E2E CDFs, throughput; sim-8region (sim)", _fig12),
-    "headline": ("every scheme's P99 TTFT and throughput ÷ KVCompass's, 3 seeds (sim)", _headline),
-    "margin": ("beyond the paper: KVCompass with a remote margin, 3 seeds (sim)", _margin),
-    "fig13": ("prefill tokens reused vs recomputed per scheme (sim)", _fig13),
-    "fig14": ("per-worker load-factor heatmaps with each scheme's peak (sim)", _fig14),
-    "fig15": ("ablations: throughput with one mechanism off (sim)", _fig15),
+    "headline": (
+        "every scheme's P99 TTFT and throughput ÷ KVCompass's, 3 seeds (sim)",
+        _simulated("headline"),
+    ),
+    "margin": (
+        "beyond the paper: KVCompass with a remote margin, 3 seeds (sim)",
+        _simulated("margin"),
+    ),
+    "fig13": ("prefill tokens reused vs recomputed per scheme (sim)", _simulated("fig13")),
+    "fig14": ("per-worker load-factor heatmaps with each scheme's peak (sim)", _simulated("fig14")),
+    "fig15": ("ablations: throughput with one mechanism off (sim)", _simulated("fig15")),
     "fig16": ("Fig. 12 on sim-16region, 128 workers (sim)", _fig16),
     "margin-grid": (
         "beyond the paper: the shipped margin vs the paper's score, Figs. 12 + 16 (sim)",
-        _margin_grid,
+        _simulated("margin_grid"),
     ),
-    "peak": ("peak load factor, KVCompass vs Oracle, on long runs (sim)", _peak),
-    "table4": ("WAN jitter, update loss/delay, loss with resync (sim)", _table4),
+    "peak": ("peak load factor, KVCompass vs Oracle, on long runs (sim)", _simulated("peak")),
+    "table4": ("WAN jitter, update loss/delay, loss with resync (sim)", _simulated("table4")),
 }
 
 

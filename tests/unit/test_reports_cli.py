@@ -4,6 +4,7 @@ earlier runs, with each PNG copied to ``--figures``."""
 from __future__ import annotations
 
 import argparse
+from importlib import import_module
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,7 @@ def test_all_makes_every_artefact_once_fig12_before_its_readers_and_copies_pngs(
     readers = ("headline", "fig13", "fig14", "table5")
     assert made.index("fig12") < min(made.index(n) for n in readers)
     assert made.index("headline") < made.index("margin")
+    assert max(made.index(n) for n in ("fig12", "fig16", "margin")) < made.index("margin-grid")
     assert sorted(p.name for p in figures.iterdir()) == sorted(f"{n}.png" for n in made)
 
 
@@ -46,3 +48,33 @@ def test_one_artefact_without_figures_copies_nothing(
     monkeypatch.setitem(cli.ARTEFACTS, "fig9", ("", make))
     assert cli.main(["fig9", "--out", str(tmp_path)]) == 0
     assert list(tmp_path.iterdir()) == []
+
+
+SIMULATED = (
+    "fig9",
+    "headline",
+    "margin",
+    "fig13",
+    "fig14",
+    "fig15",
+    "margin-grid",
+    "peak",
+    "table4",
+)
+
+
+@pytest.mark.parametrize("name", SIMULATED)
+def test_a_simulator_report_runs_its_module_with_out_quick_and_jobs(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = name.replace("-", "_")
+    calls: list[tuple[Path, bool, int]] = []
+
+    def run(out: Path, *, quick: bool, jobs: int) -> Artefact:
+        calls.append((out, quick, jobs))
+        return Artefact(name, ["x"], [])
+
+    monkeypatch.setattr(import_module(f"kvcompass.loadgen.reports.{module}"), f"run_{module}", run)
+    args = argparse.Namespace(out=tmp_path, quick=True, jobs=3)
+    assert cli.ARTEFACTS[name][1](args).name == name
+    assert calls == [(tmp_path, True, 3)]
