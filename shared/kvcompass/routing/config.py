@@ -66,9 +66,10 @@ class RoutingConfig:
     #: another region. That worker's queue estimate is at least a report period and a WAN
     #: crossing old, and the other regions' edges may pick the same worker meanwhile (the
     #: herding window), so the estimate runs low where it decides. The default, 1.0,
-    #: charges a remote worker two round trips: it gave the lowest P99 TTFT at more loads
-    #: than the paper's score on every workload and topology measured (``kvcompass report
-    #: margin-grid``; ``loadgen/reports/README.md``). The paper's evaluation pins 0.
+    #: charges a remote worker two round trips: over Figs. 12 and 16's 42 points it gave
+    #: the lowest P99 TTFT of all schemes at 33 against the paper score's 26, and lost none
+    #: (``kvcompass report margin-grid``; ``loadgen/reports/README.md``). The paper's
+    #: evaluation pins 0.
     remote_margin_rtt: float = 1.0
     ablations: Ablations = field(default_factory=Ablations)
 
