@@ -83,6 +83,13 @@ def _parser() -> argparse.ArgumentParser:
         "%(default)s)",
     )
     parser.add_argument(
+        "--pending-credit",
+        action=argparse.BooleanOptionalAction,
+        default=RoutingConfig.pending_credit,
+        help="beyond the paper: the routers credit a prefix they have just sent to a worker "
+        "of their region until the index reports it (their KVC_PENDING_CREDIT; default on)",
+    )
+    parser.add_argument(
         "--time-scale",
         type=float,
         default=1.0,
@@ -132,7 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         policy=BASELINE,
         time_scale=args.time_scale,
         api_keys=api_keys,
-        extra_env={"KVC_REMOTE_MARGIN_RTT": str(args.remote_margin_rtt)},
+        extra_env={
+            "KVC_REMOTE_MARGIN_RTT": str(args.remote_margin_rtt),
+            "KVC_PENDING_CREDIT": str(args.pending_credit).lower(),
+        },
     )
     t0 = time.monotonic()
 

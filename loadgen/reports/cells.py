@@ -19,7 +19,8 @@ def paper_cell(policy: str, rate: float, seed: int = 0, **knobs: Any) -> Cell:
     """A report's cell: the paper's Mixed workload (look-alike), a request count rather
     than a time limit (``requests``, 2000 unless given), the paper's edges, which apply
     whatever patches reach them (no resync; Table 4 turns it on for its own rows), and
-    the paper's score (no remote margin; the margin reports set theirs).
+    the paper's score (no remote margin, no pending credit; the margin and shipped-grid
+    reports set theirs).
     """
     paper: dict[str, Any] = {
         "workload": "mixed",
@@ -27,6 +28,7 @@ def paper_cell(policy: str, rate: float, seed: int = 0, **knobs: Any) -> Cell:
         "requests": 2000,
         "resync": False,
         "remote_margin_rtt": 0.0,
+        "pending_credit": False,
     }
     return Cell(policy, rate, seed, **(paper | knobs))
 

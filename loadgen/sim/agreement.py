@@ -171,7 +171,9 @@ def _config(args: argparse.Namespace, topology: Topology, overhead: float) -> Si
         seed=args.seed,
         update_delay_ms=args.update_delay_ms,
         serving_overhead_ms=overhead,
-        routing=RoutingConfig(remote_margin_rtt=args.remote_margin_rtt),
+        routing=RoutingConfig(
+            remote_margin_rtt=args.remote_margin_rtt, pending_credit=args.pending_credit
+        ),
     )
 
 
@@ -211,6 +213,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=float,
         default=RoutingConfig.remote_margin_rtt,
         help="the demo's --remote-margin-rtt (default %(default)s)",
+    )
+    p.add_argument(
+        "--pending-credit",
+        action=argparse.BooleanOptionalAction,
+        default=RoutingConfig.pending_credit,
+        help="the demo's --pending-credit (default on)",
     )
     p.add_argument(
         "--serving-overhead-ms",

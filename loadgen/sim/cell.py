@@ -65,6 +65,8 @@ class Cell:
     max_tokens: int | None = None
     #: KVCompass's remote margin (``RoutingConfig.remote_margin_rtt``; 0: the paper's score).
     remote_margin_rtt: float = RoutingConfig.remote_margin_rtt
+    #: KVCompass credits prefixes it has just sent (``RoutingConfig.pending_credit``).
+    pending_credit: bool = RoutingConfig.pending_credit
 
     def __post_init__(self) -> None:
         # Checked when the cell is made, so a sweep refuses a bad rate before running any
@@ -96,7 +98,11 @@ class Cell:
         ablations = Ablations(**dict.fromkeys(self.ablations, False))
         return SimConfig(
             topology,
-            routing=RoutingConfig(ablations=ablations, remote_margin_rtt=self.remote_margin_rtt),
+            routing=RoutingConfig(
+                ablations=ablations,
+                remote_margin_rtt=self.remote_margin_rtt,
+                pending_credit=self.pending_credit,
+            ),
             eviction=EvictionPolicy(self.eviction),
             time_limit_s=self.duration,
             **{name: getattr(self, name) for name in _PASSED_ON},

@@ -53,6 +53,14 @@ def _cell_arguments(p: argparse.ArgumentParser, sweep: bool) -> None:
         "region, for its stale queue estimate (0: the paper's score; default %(default)s, "
         "as the router ships)",
     )
+    g.add_argument(
+        "--pending-credit",
+        action=argparse.BooleanOptionalAction,
+        default=RoutingConfig.pending_credit,
+        help="beyond the paper: KVCompass credits a prefix it has just sent to a worker of "
+        "its region until the index reports it (--no-pending-credit: the paper's score; "
+        "on by default, as the router ships)",
+    )
     g.add_argument("--update-delay-ms", type=float, default=0.0, help="MU → edge patch delay")
     g.add_argument("--update-loss", type=float, default=0.0, help="patch batch loss (0..1)")
     g.add_argument("--jitter-pct", type=float, default=0.0, help="± WAN one-way jitter (%%)")

@@ -55,7 +55,11 @@ def routing_policy(
     settings: RouterSettings, topology: Topology, reader: IndexReader, clock: Clock
 ) -> RoutingPolicy:
     """The routing core's policy named by ``KVC_POLICY``."""
-    config = RoutingConfig(remote_margin_rtt=settings.remote_margin_rtt)
+    config = RoutingConfig(
+        remote_margin_rtt=settings.remote_margin_rtt,
+        pending_credit=settings.pending_credit,
+        pending_slack_s=settings.pending_slack_s,
+    )
     return make_policy(
         settings.policy, topology, settings.region, reader, config=config, clock=clock
     )

@@ -38,6 +38,16 @@ class RouterSettings(PipelineSettings):
         "pricing its stale queue estimate (0: the paper's score; see "
         "loadgen/reports/README.md, 'a remote margin').",
     )
+    pending_credit: bool = setting(
+        RoutingConfig.pending_credit,
+        "Beyond the paper: KVCompass credits a prefix it has just sent to a worker of this "
+        "region until the index reports it, so a burst of one new prefix is not recomputed "
+        "on every worker while the first request waits (false: the paper's score).",
+    )
+    pending_slack_s: float = setting(
+        RoutingConfig.pending_slack_s,
+        "How long past the queue estimate it routed on a sent prefix stays credited (s).",
+    )
     worker_endpoints: str = setting(
         "",
         "Worker URLs: 'us-0=http://127.0.0.1:9100,eu-0=...' or the path of a file with one "
@@ -97,5 +107,7 @@ class RouterSettings(PipelineSettings):
                 raise self.invalid(name, "must be positive")
         if not self.remote_margin_rtt >= 0:
             raise self.invalid("remote_margin_rtt", "must be >= 0")
+        if not self.pending_slack_s >= 0:
+            raise self.invalid("pending_slack_s", "must be >= 0")
         if self.max_body_bytes < 1024:
             raise self.invalid("max_body_bytes", "must be at least 1024")

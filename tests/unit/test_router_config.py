@@ -102,6 +102,8 @@ def test_a_tokenizers_json_file_is_used_when_configured(tmp_path: Path) -> None:
         ({"KVC_REGION": "us", "KVC_REQUEST_TIMEOUT_S": "0"}, "KVC_REQUEST_TIMEOUT_S"),
         ({"KVC_REGION": "us", "KVC_MAX_BODY_BYTES": "10"}, "KVC_MAX_BODY_BYTES"),
         ({"KVC_REGION": "us", "KVC_REMOTE_MARGIN_RTT": "-1"}, "KVC_REMOTE_MARGIN_RTT"),
+        ({"KVC_REGION": "us", "KVC_PENDING_SLACK_S": "-1"}, "KVC_PENDING_SLACK_S"),
+        ({"KVC_REGION": "us", "KVC_PENDING_CREDIT": "maybe"}, "KVC_PENDING_CREDIT"),
     ],
 )
 def test_settings_checks_name_the_variable(env: dict[str, str], needle: str) -> None:
@@ -125,3 +127,18 @@ def test_the_remote_margin_setting_reaches_kvcompass_score() -> None:
     for w, wan in zip(topology.workers, policy.score.wan, strict=True):
         rtt = topology.rtt_ms(region, w.region)
         assert wan == pytest.approx(rtt if w.region == region else 2.5 * rtt)
+
+
+@pytest.mark.parametrize(("value", "on"), [("true", True), ("false", False)])
+def test_the_pending_credit_settings_reach_kvcompass(value: str, on: bool) -> None:
+    topology = load_builtin("testbed-3region")
+    env = {
+        "KVC_REGION": topology.regions[0].name,
+        "KVC_PENDING_CREDIT": value,
+        "KVC_PENDING_SLACK_S": "0.25",
+    }
+    settings = RouterSettings.from_env(env)
+    policy = routing_policy(settings, topology, StubReader(len(topology.workers)), ManualClock())
+    assert isinstance(policy, KVCompassPolicy)
+    assert (policy.pending is not None) is on
+    assert policy.pending is None or policy.pending.slack_s == 0.25

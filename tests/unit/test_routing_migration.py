@@ -37,7 +37,9 @@ def sibling(i: int) -> np.ndarray:
 def setup(migration: bool = True) -> tuple[KVCompassPolicy, StubReader, ManualClock]:
     clock = ManualClock()
     reader = StubReader(4)
-    config = RoutingConfig(ablations=Ablations(migration=migration), remote_margin_rtt=0.0)
+    config = RoutingConfig(
+        ablations=Ablations(migration=migration), remote_margin_rtt=0.0, pending_credit=False
+    )
     return kvcompass_policy(TOY, reader, clock, config), reader, clock
 
 

@@ -36,8 +36,11 @@ from kvcompass.routing.testing import (
 )
 from kvcompass.topology import load_builtin
 
-#: The paper's score (no remote margin), migration off: both are tested on their own.
-NO_MIGRATION = RoutingConfig(ablations=Ablations(migration=False), remote_margin_rtt=0.0)
+#: The paper's score (no remote margin, no pending credit), migration off: each is
+#: tested on its own.
+NO_MIGRATION = RoutingConfig(
+    ablations=Ablations(migration=False), remote_margin_rtt=0.0, pending_credit=False
+)
 
 
 def kvc(reader: IndexReader, clock: ManualClock | None = None) -> KVCompassPolicy:

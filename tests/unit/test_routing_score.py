@@ -38,7 +38,7 @@ def policy(
     """A KVCompass policy for origin "a" with the paper's score (no remote margin; that is
     tested on its own), migration off (likewise)."""
     no_migration = dataclasses.replace(ablations or Ablations(), migration=False)
-    config = RoutingConfig(ablations=no_migration, remote_margin_rtt=0.0)
+    config = RoutingConfig(ablations=no_migration, remote_margin_rtt=0.0, pending_credit=False)
     return kvcompass_policy(topology, reader, ManualClock(), config)
 
 

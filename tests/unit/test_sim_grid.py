@@ -147,3 +147,14 @@ def test_a_cell_hands_its_remote_margin_to_kvcompass_and_names_it_in_its_key() -
     paper = paper_cell("kvcompass", 100)
     assert paper.sim_config(topology).routing.remote_margin_rtt == 0.0  # the paper's score
     assert "remote_margin_rtt=0.0" in paper.key
+
+
+def test_a_cell_hands_its_pending_credit_to_kvcompass_and_the_paper_cells_turn_it_off() -> None:
+    topology = topology_of("sim-8region")
+    assert Cell("kvcompass", 100).sim_config(topology).routing.pending_credit  # as shipped
+    off = Cell("kvcompass", 100, pending_credit=False)
+    assert not off.sim_config(topology).routing.pending_credit
+    assert "pending_credit=False" in off.key
+    paper = paper_cell("kvcompass", 100)
+    assert not paper.sim_config(topology).routing.pending_credit  # the paper's score
+    assert "pending_credit=False" in paper.key

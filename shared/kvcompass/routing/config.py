@@ -71,6 +71,16 @@ class RoutingConfig:
     #: (``kvcompass report margin-grid``; ``loadgen/reports/README.md``). The paper's
     #: evaluation pins 0.
     remote_margin_rtt: float = 1.0
+    #: Beyond the paper (False: its score): credit the prefixes this edge has sent to a
+    #: worker of its own region until the index reports them
+    #: (:mod:`kvcompass.routing.pending`). In overload a new prefix family otherwise
+    #: lands on a new worker per request for a whole queue wait. Over Figs. 12 and 16's
+    #: grids (with the margin) it gave the lowest P99 TTFT at 35 points against 34 and
+    #: the highest throughput at 40 against 39 (``kvcompass report shipped-grid``).
+    pending_credit: bool = True
+    #: How long past the queue estimate it routed on a sent prefix stays credited (s): the
+    #: index's lag and the estimate's error (0.1-2 s measured alike on Fig. 12's Mixed).
+    pending_slack_s: float = 0.5
     ablations: Ablations = field(default_factory=Ablations)
 
     def __post_init__(self) -> None:
@@ -82,5 +92,7 @@ class RoutingConfig:
             raise ValueError("lambda_max and idle_for_s must be >= 0")
         if not self.remote_margin_rtt >= 0:
             raise ValueError(f"remote_margin_rtt must be >= 0, got {self.remote_margin_rtt}")
+        if not self.pending_slack_s >= 0:
+            raise ValueError(f"pending_slack_s must be >= 0, got {self.pending_slack_s}")
         if self.hot_misses < 1 or self.fallbacks < 0 or self.max_families < 1:
             raise ValueError("hot_misses and max_families must be >= 1, fallbacks >= 0")

@@ -12,6 +12,7 @@ from kvcompass.pipeline.clock import Clock
 from kvcompass.routing.belief import CacheBelief
 from kvcompass.routing.config import RoutingConfig
 from kvcompass.routing.migration import HotPrefixTracker, MigrationOrder, MigrationPlanner
+from kvcompass.routing.pending import PendingPrefixes
 from kvcompass.routing.policy import Decision, Feedback, RouteRequest, prompt_length
 from kvcompass.routing.queues import QueueEstimates, QueueFed
 from kvcompass.routing.score import JointScore
@@ -73,6 +74,7 @@ class KVCompassPolicy(QueueFed):
         )
         self._family_length = first[origin_region]
         self._gamma = topology.gamma_ms_per_token
+        self.pending = PendingPrefixes(config.pending_slack_s) if config.pending_credit else None
 
     def _planner(self, namespace: Namespace) -> QueryPlanner:
         planner = self._planners.get(namespace)
@@ -94,15 +96,24 @@ class KVCompassPolicy(QueueFed):
         except IndexNotReady:
             lengths = tiers = self._no_match
             indexed = False
+        pending = self.pending
+        if pending is not None:
+            now = self._clock.monotonic()
+            lengths, tiers = pending.credit(query, lengths, tiers, now)
         score = self.score
         belief = self.belief.values
         queues = self.queues.values if score.load_aware else self.queues.blocked
         lam = score.price(queues)
         scores = score.scores(prompt, lengths, tiers, belief, queues, lam)
         order = score.rank(scores, queues, self._top, self._turn)
+        best = order[0]
         if not explain:
             self._turn += 1
-        best = order[0]
+            if pending is not None and best in self._local:
+                # Only where the queue estimates are live: a remote worker's estimate is a
+                # report old, and crediting it would herd more work into a stale queue.
+                sent = query.per_region.get(self.origin_region, ())
+                pending.record(best, sent, now, self.queues.values[best] / 1e3)
         candidates = score.candidates(
             order if explain else order[: self._top],
             prompt,

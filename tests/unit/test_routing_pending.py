@@ -1,0 +1,147 @@
+"""Pending prefixes: an edge credits what it has just sent before the index reports it."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcompass.index.discovery import MultiLevelQuery
+from kvcompass.index.layout import Tier
+from kvcompass.pipeline.clock import ManualClock
+from kvcompass.routing import Ablations, KVCompassPolicy, RoutingConfig
+from kvcompass.routing.pending import PendingPrefixes
+from kvcompass.routing.testing import A0, A1, TOY, StubReader, kvcompass_policy, queues, request
+from kvcompass.routing.testing import tokens as make_tokens
+
+#: The paper's score and no migration, pending credit on with half a second of slack.
+PENDING = RoutingConfig(
+    ablations=Ablations(migration=False),
+    remote_margin_rtt=0.0,
+    pending_credit=True,
+    pending_slack_s=0.5,
+)
+
+
+def policy(clock: ManualClock, config: RoutingConfig = PENDING) -> KVCompassPolicy:
+    return kvcompass_policy(TOY, StubReader(len(TOY.workers)), clock, config)
+
+
+def test_a_prefix_just_sent_is_credited_to_its_worker_before_the_index_knows() -> None:
+    clock = ManualClock()
+    p = policy(clock)
+    prompt = make_tokens(3000, seed=1)
+    first = p.decide(request(prompt))
+    assert first.reason == "recompute"
+    assert first.claimed_tokens == 0
+
+    second = p.decide(request(prompt))
+    assert second.worker == first.worker
+    assert second.reason == "reuse-local"
+    # Credited at the longest length the worker's region registers within the prompt.
+    assert second.claimed_tokens == max(c for c in p._plan.queries_from("a")["a"] if c <= 3000)
+    assert second.candidates[0].tier is Tier.VRAM
+
+
+def test_without_pending_credit_the_second_request_sees_no_holder() -> None:
+    clock = ManualClock()
+    p = policy(clock, RoutingConfig(ablations=Ablations(migration=False), pending_credit=False))
+    prompt = make_tokens(3000, seed=1)
+    p.decide(request(prompt))
+    second = p.decide(request(prompt))
+    assert second.reason == "recompute"
+    assert second.claimed_tokens == 0
+
+
+def test_the_credit_lasts_the_queue_wait_routed_on_plus_the_slack() -> None:
+    clock = ManualClock(wall_ns=10**9)
+    p = policy(clock)
+    # Every worker has 2 s of work queued.
+    p.on_queues(queues("a", 10**9, w0=2000.0, w1=2000.0))
+    p.on_queues(queues("b", 10**9, w2=2000.0, w3=2000.0))
+    prompt = make_tokens(3000, seed=2)
+    sent = p.decide(request(prompt)).worker
+
+    def credited() -> int:
+        decision = p.decide(request(prompt), explain=True)  # a dry run records nothing
+        return next(c.matched_tokens for c in decision.candidates if c.worker == sent)
+
+    clock.advance(2.45)  # 2 s of queue + 0.5 s of slack: not over yet
+    assert credited() > 0
+    clock.advance(0.1)
+    assert credited() == 0
+
+
+def test_an_index_match_longer_than_the_pending_one_wins() -> None:
+    clock = ManualClock()
+    reader = StubReader(len(TOY.workers))
+    p = kvcompass_policy(TOY, reader, clock, PENDING)
+    prompt = make_tokens(3000, seed=3)
+    short = make_tokens(3000, seed=3)[:1200]
+    sent = p.decide(request(short))
+    reader.hold(sent.worker, 2992)
+    decision = p.decide(request(prompt))
+    assert decision.worker == sent.worker
+    assert decision.claimed_tokens == 2992
+
+
+def test_explaining_a_decision_records_nothing() -> None:
+    clock = ManualClock()
+    p = policy(clock)
+    prompt = make_tokens(3000, seed=4)
+    p.decide(request(prompt), explain=True)
+    assert p.pending is not None
+    assert len(p.pending) == 0
+    assert p.decide(request(prompt)).claimed_tokens == 0
+
+
+def test_credit_goes_only_to_the_worker_it_was_sent_to() -> None:
+    clock = ManualClock()
+    p = policy(clock)
+    prompt = make_tokens(3000, seed=5)
+    sent = p.decide(request(prompt))
+    other = A1 if sent.worker == A0 else A0
+    decision = p.decide(request(prompt), explain=True)
+    credited = {c.worker: c.matched_tokens for c in decision.candidates}
+    assert credited[sent.worker] > 0
+    assert all(n == 0 for w, n in credited.items() if w != sent.worker)
+    assert credited[other] == 0
+
+
+def test_a_prefix_sent_to_another_region_is_not_credited() -> None:
+    clock = ManualClock(wall_ns=10**9)
+    p = policy(clock)
+    p.on_queues(queues("a", 10**9, w0=5000.0, w1=5000.0))  # region a is busy: go to b
+    prompt = make_tokens(3000, seed=6)
+    sent = p.decide(request(prompt))
+    assert sent.region == "b"
+    assert p.pending is not None
+    assert len(p.pending) == 0
+    decision = p.decide(request(prompt), explain=True)
+    assert all(c.matched_tokens == 0 for c in decision.candidates)
+
+
+def test_memory_is_bounded_and_forgets_the_oldest_first() -> None:
+    pending = PendingPrefixes(slack_s=10.0, capacity=4)
+    pending.record(0, [(16, 101), (32, 102)], now=0.0, wait_s=0.0)
+    pending.record(1, [(16, 201), (32, 202), (48, 203)], now=0.0, wait_s=0.0)
+    assert len(pending) == 4
+    query = MultiLevelQuery({"a": [(16, 101), (32, 102)], "b": [(16, 201), (48, 203)]})
+    lengths, tiers = pending.credit(query, [0, 0], [0, 0], now=1.0)
+    assert list(lengths) == [32, 48]  # 101 was forgotten; 102 still credits worker 0
+    assert list(tiers) == [int(Tier.VRAM)] * 2
+
+
+def test_a_lapsed_entry_is_neither_credited_nor_kept() -> None:
+    pending = PendingPrefixes(slack_s=0.5)
+    pending.record(0, [(16, 7)], now=0.0, wait_s=1.0)
+    query = MultiLevelQuery({"a": [(16, 7)]})
+    assert list(pending.credit(query, [0], [0], now=1.5)[0]) == [16]
+    assert list(pending.credit(query, [0], [0], now=1.6)[0]) == [0]
+    pending.record(0, [(16, 8)], now=2.0, wait_s=0.0)
+    assert len(pending) == 1
+
+
+def test_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="slack_s"):
+        PendingPrefixes(slack_s=-1.0)
+    with pytest.raises(ValueError, match="pending_slack_s"):
+        RoutingConfig(pending_slack_s=-0.1)
