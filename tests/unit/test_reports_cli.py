@@ -35,7 +35,7 @@ def test_all_makes_every_artefact_once_fig12_before_its_readers_and_copies_pngs(
     readers = ("headline", "fig13", "fig14", "table5")
     assert made.index("fig12") < min(made.index(n) for n in readers)
     assert made.index("headline") < made.index("margin")
-    assert max(made.index(n) for n in ("fig12", "fig16", "margin")) < made.index("margin-grid")
+    assert max(made.index(n) for n in ("fig12", "fig16", "margin")) < made.index("shipped-grid")
     assert sorted(p.name for p in figures.iterdir()) == sorted(f"{n}.png" for n in made)
 
 
@@ -57,7 +57,7 @@ SIMULATED = (
     "fig13",
     "fig14",
     "fig15",
-    "margin-grid",
+    "shipped-grid",
     "peak",
     "table4",
 )

@@ -16,9 +16,9 @@ from kvcompass.loadgen.reports.fig12 import run_fig12
 from kvcompass.loadgen.reports.fig13 import run_fig13
 from kvcompass.loadgen.reports.fig14 import peak_load_factor, run_fig14
 from kvcompass.loadgen.reports.fig15 import run_fig15
-from kvcompass.loadgen.reports.margin_grid import run_margin_grid
 from kvcompass.loadgen.reports.peak import run_peak, tabulate
 from kvcompass.loadgen.reports.runs import Run, load_run
+from kvcompass.loadgen.reports.shipped_grid import run_shipped_grid
 from kvcompass.loadgen.reports.table4 import run_table4
 from kvcompass.loadgen.sim import LoadSample, SimRecord, SimResult
 from kvcompass.loadgen.sim.cell import Cell
@@ -80,7 +80,7 @@ Report = Callable[..., Artefact]
         (run_fig15, "fig15"),
         (run_peak, "peak"),
         (run_table4, "table4"),
-        (run_margin_grid, "margin-grid"),
+        (run_shipped_grid, "shipped-grid"),
     ],
 )
 def test_report_writes_png_and_csv_with_its_columns(

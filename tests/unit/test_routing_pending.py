@@ -35,7 +35,7 @@ def test_a_prefix_just_sent_is_credited_to_its_worker_before_the_index_knows() -
 
     second = p.decide(request(prompt))
     assert second.worker == first.worker
-    assert second.reason == "reuse-local"
+    assert second.reason == "reuse-pending"
     # Credited at the longest length the worker's region registers within the prompt.
     assert second.claimed_tokens == max(c for c in p._plan.queries_from("a")["a"] if c <= 3000)
     assert second.candidates[0].tier is Tier.VRAM
@@ -81,6 +81,7 @@ def test_an_index_match_longer_than_the_pending_one_wins() -> None:
     decision = p.decide(request(prompt))
     assert decision.worker == sent.worker
     assert decision.claimed_tokens == 2992
+    assert decision.reason == "reuse-local"  # the index's match, not the pending one
 
 
 def test_explaining_a_decision_records_nothing() -> None:

@@ -96,6 +96,7 @@ class KVCompassPolicy(QueueFed):
         except IndexNotReady:
             lengths = tiers = self._no_match
             indexed = False
+        indexed_lengths = lengths
         pending = self.pending
         if pending is not None:
             now = self._clock.monotonic()
@@ -127,6 +128,8 @@ class KVCompassPolicy(QueueFed):
         claimed = candidates[0].matched_tokens
         if not indexed:
             reason = "no-index"
+        elif claimed and lengths[best] > indexed_lengths[best]:
+            reason = "reuse-pending"  # credited by what this edge sent, not by the index
         elif claimed:
             reason = "reuse-remote" if score.remote[best] else "reuse-local"
         else:

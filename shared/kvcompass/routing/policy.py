@@ -84,9 +84,11 @@ class Decision:
     """Where to send a request, and why.
 
     ``reason`` is a short slug: "reuse-local", "reuse-remote", "recompute" (the joint
-    score), "no-index" (the reader could not answer: scored as if nothing matched); a
-    baseline's own ("least-loaded", "round-robin", "random", "hash", "dht-holder", ...,
-    each set in its module of :mod:`kvcompass.routing.baselines`). ``claimed_tokens`` is
+    score), "reuse-pending" (its match is a prefix this edge has just sent there, which
+    the index does not report yet), "no-index" (the reader could not answer: scored as
+    if nothing matched); a baseline's own ("least-loaded", "round-robin", "random",
+    "hash", "dht-holder", ..., each set in its module of
+    :mod:`kvcompass.routing.baselines`). ``claimed_tokens`` is
     the match the edge claims at that worker (send it to the worker; its reuse report
     updates the belief). ``candidates`` is ranked best first: every worker when the
     policy was asked to explain, else the chosen one and the fallbacks (a retry needs

@@ -1,13 +1,15 @@
-"""``kvcompass report margin-grid``: KVCompass with the shipped remote margin and with the
-paper's score, each against the best other scheme at every point of Fig. 12's and Fig.
-16's grids."""
+"""``kvcompass report shipped-grid``: KVCompass as shipped (remote margin, pending credit)
+and with the paper's score, each against the best other scheme at every point of Fig.
+12's and Fig. 16's grids."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pytest
 
-from kvcompass.loadgen.reports import fig12, margin_grid
+from kvcompass.loadgen.reports import fig12, shipped_grid
 from kvcompass.loadgen.reports.cells import paper_cell, rates_of
 from kvcompass.loadgen.reports.runs import Run
 from kvcompass.loadgen.sim.cell import Cell
@@ -22,31 +24,32 @@ def _run(p99: float, throughput: float) -> Run:
     return Run(summary, {}, {"ttft_ms": np.zeros(1)}, {})
 
 
-def _cell(policy: str, rate: float, margin: float = 0.0) -> Cell:
-    return paper_cell(
-        policy, rate, topology=TOPOLOGY, workload="wildchat", remote_margin_rtt=margin
-    )
+def _cell(policy: str, rate: float, **knobs: Any) -> Cell:
+    return paper_cell(policy, rate, topology=TOPOLOGY, workload="wildchat", **knobs)
 
 
 def _runs() -> dict[Cell, Run]:
     """At the low rate SkyWalker has the lowest P99 (600) and Dynamo the most req/s (100);
     KVCompass: 620 ms / 99 req/s with the paper's score, 550 / 101 shipped. At the high
     rate the paper's KVCompass wins both and the shipped one loses P99 to SkyWalker."""
-    shipped = margin_grid.SHIPPED
+    shipped = shipped_grid.SHIPPED
+    margin_only = shipped | {"pending_credit": False}
     return {
         _cell("skywalker", LOW): _run(600.0, 90.0),
         _cell("dynamo", LOW): _run(700.0, 100.0),
         _cell("kvcompass", LOW): _run(620.0, 99.0),
-        _cell("kvcompass", LOW, shipped): _run(550.0, 101.0),
+        _cell("kvcompass", LOW, **shipped): _run(550.0, 101.0),
         _cell("skywalker", HIGH): _run(800.0, 150.0),
         _cell("kvcompass", HIGH): _run(750.0, 160.0),
-        _cell("kvcompass", HIGH, shipped): _run(810.0, 161.0),
-        _cell("kvcompass", HIGH, 2.5): _run(1.0, 1e6),  # another margin: not either variant
+        _cell("kvcompass", HIGH, **shipped): _run(810.0, 161.0),
+        # Neither variant: another margin, the shipped margin without pending credit.
+        _cell("kvcompass", HIGH, remote_margin_rtt=2.5): _run(1.0, 1e6),
+        _cell("kvcompass", HIGH, **margin_only): _run(2.0, 1e6),
     }
 
 
 def test_each_point_compares_both_variants_with_the_best_other_scheme() -> None:
-    low, high = margin_grid.tabulate(_runs())
+    low, high = shipped_grid.tabulate(_runs())
     assert (low["load"], high["load"]) == (0.5, 1.0)
     assert low["best_other_p99_policy"] == "skywalker"
     assert (low["best_other_p99_ms"], low["best_other_req_per_s"]) == (600.0, 100.0)
@@ -54,7 +57,7 @@ def test_each_point_compares_both_variants_with_the_best_other_scheme() -> None:
     assert (low["paper_highest_throughput"], low["shipped_highest_throughput"]) == (False, True)
     assert (high["paper_lowest_p99"], high["shipped_lowest_p99"]) == (True, False)
     assert high["shipped_p99_ms"] == pytest.approx(810.0)
-    tally = margin_grid.counts([low, high])
+    tally = shipped_grid.counts([low, high])
     assert tally["total"] == tally[TOPOLOGY]
     assert tally["total"] == {
         "points": 2,
@@ -67,20 +70,26 @@ def test_each_point_compares_both_variants_with_the_best_other_scheme() -> None:
 
 def test_a_point_without_both_variants_is_left_out() -> None:
     runs = _runs()
-    del runs[_cell("kvcompass", HIGH, margin_grid.SHIPPED)]
-    assert [r["load"] for r in margin_grid.tabulate(runs)] == [0.5]
+    del runs[_cell("kvcompass", HIGH, **shipped_grid.SHIPPED)]
+    assert [r["load"] for r in shipped_grid.tabulate(runs)] == [0.5]
 
 
 def test_cells_are_both_figures_plus_the_shipped_kvcompass_at_each_point() -> None:
-    grid = margin_grid.cells(quick=True)
+    grid = shipped_grid.cells(quick=True)
     base = [
-        c for s in margin_grid.SCALES for c in fig12.cells(s, True, ("mixed", "wildchat", "lmsys"))
+        c for s in shipped_grid.SCALES for c in fig12.cells(s, True, ("mixed", "wildchat", "lmsys"))
     ]
     extra = [c for c in grid if c not in set(base)]
-    assert margin_grid.SHIPPED == RoutingConfig().remote_margin_rtt > 0
-    assert {(c.policy, c.remote_margin_rtt) for c in extra} == {("kvcompass", margin_grid.SHIPPED)}
+    shipped = RoutingConfig()
+    assert {
+        "remote_margin_rtt": shipped.remote_margin_rtt,
+        "pending_credit": shipped.pending_credit,
+    } == shipped_grid.SHIPPED
+    assert {(c.policy, c.remote_margin_rtt, c.pending_credit) for c in extra} == {
+        ("kvcompass", shipped.remote_margin_rtt, shipped.pending_credit)
+    }
     ours = [c for c in base if c.policy == "kvcompass"]
-    assert {c.remote_margin_rtt for c in ours} == {0.0}
+    assert {(c.remote_margin_rtt, c.pending_credit) for c in ours} == {(0.0, False)}
     assert sorted((c.topology, c.workload, c.rate) for c in extra) == sorted(
         (c.topology, c.workload, c.rate) for c in ours
     )
