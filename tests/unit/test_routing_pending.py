@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from kvcompass.index.discovery import MultiLevelQuery
@@ -139,6 +141,12 @@ def test_a_lapsed_entry_is_neither_credited_nor_kept() -> None:
     assert list(pending.credit(query, [0], [0], now=1.6)[0]) == [0]
     pending.record(0, [(16, 8)], now=2.0, wait_s=0.0)
     assert len(pending) == 1
+
+
+def test_nothing_is_recorded_for_a_worker_believed_down() -> None:
+    pending = PendingPrefixes(slack_s=0.5)
+    pending.record(0, [(16, 7)], now=0.0, wait_s=math.inf)
+    assert len(pending) == 0
 
 
 def test_settings_are_checked() -> None:

@@ -21,6 +21,7 @@ or its blocks were evicted first) costs that worker belief, as any false claim.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 
@@ -51,7 +52,10 @@ class PendingPrefixes:
         self, worker: int, pairs: Sequence[tuple[int, int]], now: float, wait_s: float
     ) -> None:
         """``worker`` will hold the prefixes ``pairs`` ((length, key), its region's) once
-        the ``wait_s`` ahead of them has passed."""
+        the ``wait_s`` ahead of them has passed (infinite: the worker is believed down and
+        nothing is recorded)."""
+        if not math.isfinite(wait_s):
+            return
         until = now + wait_s + self.slack_s
         sent, order = self._sent, self._order
         for length, key in pairs:
