@@ -68,18 +68,19 @@ class RoutingConfig:
     #: herding window), so the estimate runs low where it decides. The default, 1.0,
     #: charges a remote worker two round trips: over Figs. 12 and 16's 42 points it gave
     #: the lowest P99 TTFT of all schemes at 33 against the paper score's 26, and lost none
-    #: (``kvcompass report margin-grid``; ``loadgen/reports/README.md``). The paper's
-    #: evaluation pins 0.
+    #: (the margin-grid report, now ``kvcompass report shipped-grid``;
+    #: ``loadgen/reports/README.md``). The paper's evaluation pins 0.
     remote_margin_rtt: float = 1.0
     #: Beyond the paper (False: its score): credit the prefixes this edge has sent to a
     #: worker of its own region until the index reports them
     #: (:mod:`kvcompass.routing.pending`). In overload a new prefix family otherwise
     #: lands on a new worker per request for a whole queue wait. Over Figs. 12 and 16's
-    #: grids (with the margin) it gave the lowest P99 TTFT at 35 points against 34 and
-    #: the highest throughput at 40 against 39 (``kvcompass report shipped-grid``).
+    #: 42 points, with the margin, it gave the lowest P99 TTFT of all schemes at 35
+    #: against the margin's 33 and the paper score's 26 (``kvcompass report
+    #: shipped-grid``). The paper's evaluation pins False.
     pending_credit: bool = True
     #: How long past the queue estimate it routed on a sent prefix stays credited (s): the
-    #: index's lag and the estimate's error (0.1-2 s measured alike on Fig. 12's Mixed).
+    #: index's lag and the estimate's error (0.1, 0.5 and 2 s measured alike at 3 λ0).
     pending_slack_s: float = 0.5
     ablations: Ablations = field(default_factory=Ablations)
 
