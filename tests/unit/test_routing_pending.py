@@ -6,7 +6,6 @@ import math
 
 import pytest
 
-from kvcompass.index.discovery import MultiLevelQuery
 from kvcompass.index.layout import Tier
 from kvcompass.pipeline.clock import ManualClock
 from kvcompass.routing import Ablations, KVCompassPolicy, RoutingConfig
@@ -127,8 +126,9 @@ def test_memory_is_bounded_and_forgets_the_oldest_first() -> None:
     pending.record(0, [(16, 101), (32, 102)], now=0.0, wait_s=0.0)
     pending.record(1, [(16, 201), (32, 202), (48, 203)], now=0.0, wait_s=0.0)
     assert len(pending) == 4
-    query = MultiLevelQuery({"a": [(16, 101), (32, 102)], "b": [(16, 201), (48, 203)]})
-    lengths, tiers = pending.credit(query, [0, 0], [0, 0], now=1.0)
+    # A prompt whose keys include both sends' (two workers of one region).
+    pairs = [(16, 101), (32, 102), (48, 203)]
+    lengths, tiers = pending.credit(pairs, [0, 0], [0, 0], now=1.0)
     assert list(lengths) == [32, 48]  # 101 was forgotten; 102 still credits worker 0
     assert list(tiers) == [int(Tier.VRAM)] * 2
 
@@ -136,9 +136,9 @@ def test_memory_is_bounded_and_forgets_the_oldest_first() -> None:
 def test_a_lapsed_entry_is_neither_credited_nor_kept() -> None:
     pending = PendingPrefixes(slack_s=0.5)
     pending.record(0, [(16, 7)], now=0.0, wait_s=1.0)
-    query = MultiLevelQuery({"a": [(16, 7)]})
-    assert list(pending.credit(query, [0], [0], now=1.5)[0]) == [16]
-    assert list(pending.credit(query, [0], [0], now=1.6)[0]) == [0]
+    pairs = [(16, 7)]
+    assert list(pending.credit(pairs, [0], [0], now=1.5)[0]) == [16]
+    assert list(pending.credit(pairs, [0], [0], now=1.6)[0]) == [0]
     pending.record(0, [(16, 8)], now=2.0, wait_s=0.0)
     assert len(pending) == 1
 

@@ -100,7 +100,8 @@ class KVCompassPolicy(QueueFed):
         pending = self.pending
         if pending is not None:
             now = self._clock.monotonic()
-            lengths, tiers = pending.credit(query, lengths, tiers, now)
+            own = query.per_region.get(self.origin_region, ())
+            lengths, tiers = pending.credit(own, lengths, tiers, now)
         score = self.score
         belief = self.belief.values
         queues = self.queues.values if score.load_aware else self.queues.blocked
@@ -113,8 +114,7 @@ class KVCompassPolicy(QueueFed):
             if pending is not None and best in self._local:
                 # Only where the queue estimates are live: a remote worker's estimate is a
                 # report old, and crediting it would herd more work into a stale queue.
-                sent = query.per_region.get(self.origin_region, ())
-                pending.record(best, sent, now, self.queues.values[best] / 1e3)
+                pending.record(best, own, now, self.queues.values[best] / 1e3)
         candidates = score.candidates(
             order if explain else order[: self._top],
             prompt,

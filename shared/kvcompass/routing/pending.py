@@ -25,7 +25,6 @@ import math
 from collections import deque
 from collections.abc import Sequence
 
-from kvcompass.index.discovery import MultiLevelQuery
 from kvcompass.index.layout import Tier
 
 __all__ = ["PendingPrefixes"]
@@ -34,15 +33,19 @@ _VRAM = int(Tier.VRAM)
 
 
 class PendingPrefixes:
-    """Key → (worker, length, until) for this edge's recent decisions; see the module
-    docstring. At most ``capacity`` keys are remembered (the oldest go first)."""
+    """Key → (worker, until) for this edge's recent sends to its own region; see the
+    module docstring. At most ``capacity`` keys are remembered (the oldest go first).
+
+    Both methods take the prompt's (length, key) pairs at the edge's own region's
+    lengths: the keys a send records are the keys a later request is credited by.
+    """
 
     def __init__(self, slack_s: float, capacity: int = 65_536) -> None:
         if slack_s < 0 or capacity < 1:
             raise ValueError("slack_s must be >= 0 and capacity >= 1")
         self.slack_s = slack_s
         self.capacity = capacity
-        self._sent: dict[int, tuple[int, int, float]] = {}
+        self._sent: dict[int, tuple[int, float]] = {}
         self._order: deque[tuple[float, int]] = deque()  # (until, key), as recorded
 
     def __len__(self) -> int:
@@ -51,34 +54,36 @@ class PendingPrefixes:
     def record(
         self, worker: int, pairs: Sequence[tuple[int, int]], now: float, wait_s: float
     ) -> None:
-        """``worker`` will hold the prefixes ``pairs`` ((length, key), its region's) once
-        the ``wait_s`` ahead of them has passed (infinite: the worker is believed down and
-        nothing is recorded)."""
+        """``worker`` will hold the prefixes ``pairs`` once the ``wait_s`` ahead of them
+        has passed (infinite: the worker is believed down and nothing is recorded)."""
         if not math.isfinite(wait_s):
             return
         until = now + wait_s + self.slack_s
         sent, order = self._sent, self._order
-        for length, key in pairs:
-            sent[key] = (worker, length, until)
+        for _, key in pairs:
+            sent[key] = (worker, until)
             order.append((until, key))
         self._prune(now)
 
     def credit(
-        self, query: MultiLevelQuery, lengths: Sequence[int], tiers: Sequence[int], now: float
+        self,
+        pairs: Sequence[tuple[int, int]],
+        lengths: Sequence[int],
+        tiers: Sequence[int],
+        now: float,
     ) -> tuple[Sequence[int], Sequence[int]]:
-        """The index's ``lengths`` and ``tiers`` with the pending prefixes of ``query``
-        added where they are longer (new lists then; the same ones otherwise)."""
+        """The index's ``lengths`` and ``tiers`` with the pending prefixes among
+        ``pairs`` added where they are longer (new lists then; the same ones otherwise)."""
         sent = self._sent
         if not sent:
             return lengths, tiers
         longer: dict[int, int] = {}
-        for key in _keys(query):
+        for length, key in pairs:
             entry = sent.get(key)
-            if entry is None:
-                continue
-            worker, length, until = entry
-            if until >= now and length > lengths[worker] and length > longer.get(worker, 0):
-                longer[worker] = length
+            if entry is not None:
+                worker, until = entry
+                if until >= now and length > lengths[worker]:
+                    longer[worker] = length  # pairs ascend: a longer one comes later
         if not longer:
             return lengths, tiers
         lengths, tiers = list(lengths), list(tiers)
@@ -92,13 +97,5 @@ class PendingPrefixes:
         while order and (order[0][0] < now or len(order) > self.capacity):
             until, key = order.popleft()
             entry = sent.get(key)
-            if entry is not None and entry[2] == until:
+            if entry is not None and entry[1] == until:
                 del sent[key]
-
-
-def _keys(query: MultiLevelQuery) -> Sequence[int]:
-    """Every key of the query (a planner's flat list when it has one)."""
-    keys: Sequence[int] | None = getattr(query.per_region, "key_list", None)
-    if keys is not None:
-        return keys
-    return [key for pairs in query.per_region.values() for _, key in pairs]
