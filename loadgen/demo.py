@@ -252,7 +252,7 @@ def _wait_index_empty(
             body = {"model": stack.topology.model.name, "prompt": request.tokens}
             for url in stack.router_urls.values():
                 decision = stack.post_json(url + "/v1/route", body, key=key_of[request.tenant])
-                if any(c["matched_tokens"] for c in decision["candidates"]):
+                if any(c["matched_tokens"] and not c["pending"] for c in decision["candidates"]):
                     return False
         return True
 

@@ -30,6 +30,7 @@ def _candidate(c: Candidate) -> dict[str, Any]:
         "matched_tokens": c.matched_tokens,
         "tier": c.tier.name.lower(),
         "belief": c.belief,
+        "pending": c.pending,
     }
 
 

@@ -107,8 +107,13 @@ def route(stack: LocalStack, region: str, prompt: list[int], key: str = "key-a")
 
 
 def matched(decision: dict[str, Any]) -> dict[str, int]:
-    """worker id -> matched tokens, for the candidates that match anything."""
-    return {c["worker"]: c["matched_tokens"] for c in decision["candidates"] if c["matched_tokens"]}
+    """worker id -> matched tokens, for the candidates the index says match anything
+    (not the router's pending credit for a prefix it has just sent)."""
+    return {
+        c["worker"]: c["matched_tokens"]
+        for c in decision["candidates"]
+        if c["matched_tokens"] and not c["pending"]
+    }
 
 
 def wait_indexed(

@@ -88,7 +88,12 @@ def route(stack: LocalStack, region: str, prompt: list[int]) -> dict[str, Any]:
 
 
 def holders(decision: dict[str, Any]) -> dict[str, int]:
-    return {c["worker"]: c["matched_tokens"] for c in decision["candidates"] if c["matched_tokens"]}
+    """The index's matches (not the router's pending credit for what it has just sent)."""
+    return {
+        c["worker"]: c["matched_tokens"]
+        for c in decision["candidates"]
+        if c["matched_tokens"] and not c["pending"]
+    }
 
 
 def wait_indexed(stack: LocalStack, region: str, prompt: list[int], worker: str) -> None:

@@ -500,7 +500,7 @@ def test_route_answers_the_decision_with_every_candidates_terms(edges: Edges) ->
         "worker": "us-3", "index": ID["us-3"], "region": "us", "down": False, "score_ms": 11.0,
         "wan_ms": 0.0,
         "queue_ms": 2.0, "prefill_ms": 4.0, "reload_ms": 0.0, "matched_tokens": 20,
-        "tier": "vram", "belief": 0.5,
+        "tier": "vram", "belief": 0.5, "pending": False,
     }  # fmt: skip
     assert not edge.stubs["asia-1"].requests, "route only decides"
     assert not edge.policy.forwards

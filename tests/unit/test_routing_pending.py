@@ -42,6 +42,37 @@ def test_a_prefix_just_sent_is_credited_to_its_worker_before_the_index_knows() -
     assert second.candidates[0].tier is Tier.VRAM
 
 
+def test_the_candidate_says_its_match_is_pending_until_the_index_reports_it() -> None:
+    clock = ManualClock()
+    reader = StubReader(len(TOY.workers))
+    p = kvcompass_policy(TOY, reader, clock, PENDING)
+    prompt = make_tokens(3000, seed=7)
+    sent = p.decide(request(prompt)).worker
+    first = p.decide(request(prompt), explain=True).candidates[0]
+    assert (first.worker, first.pending) == (sent, True)
+    assert first.as_dict()["pending"] is True
+    reader.hold(sent, first.matched_tokens)  # the index catches up: the same length
+    first = p.decide(request(prompt), explain=True).candidates[0]
+    assert (first.worker, first.pending) == (sent, False)
+
+
+def test_without_an_index_nothing_is_credited_or_recorded() -> None:
+    clock = ManualClock()
+    reader = StubReader(len(TOY.workers))
+    p = kvcompass_policy(TOY, reader, clock, PENDING)
+    sent = make_tokens(3000, seed=8)
+    p.decide(request(sent))  # recorded while the index answers
+    assert p.pending is not None
+    recorded = len(p.pending)
+    assert recorded > 0
+    reader.is_ready = False
+    again = p.decide(request(sent))
+    assert again.reason == "no-index"
+    assert again.claimed_tokens == 0  # routed by load alone
+    p.decide(request(make_tokens(3000, seed=9)))
+    assert len(p.pending) == recorded  # the new prompt's send was not recorded
+
+
 def test_without_pending_credit_the_second_request_sees_no_holder() -> None:
     clock = ManualClock()
     p = policy(clock, RoutingConfig(ablations=Ablations(migration=False), pending_credit=False))

@@ -97,7 +97,9 @@ class KVCompassPolicy(QueueFed):
             lengths = tiers = self._no_match
             indexed = False
         indexed_lengths = lengths
-        pending = self.pending
+        # Pending credit complements an index that answers (its lag); without one the
+        # decision is by load alone ("no-index"), and nothing is recorded either.
+        pending = self.pending if indexed else None
         if pending is not None:
             now = self._clock.monotonic()
             own = query.per_region.get(self.origin_region, ())
@@ -124,11 +126,12 @@ class KVCompassPolicy(QueueFed):
             queues,
             lam,
             scores,
+            indexed_lengths if pending is not None else None,
         )
         claimed = candidates[0].matched_tokens
         if not indexed:
             reason = "no-index"
-        elif claimed and lengths[best] > indexed_lengths[best]:
+        elif candidates[0].pending:
             reason = "reuse-pending"  # credited by what this edge sent, not by the index
         elif claimed:
             reason = "reuse-remote" if score.remote[best] else "reuse-local"

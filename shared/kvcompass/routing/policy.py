@@ -48,7 +48,8 @@ class Candidate(NamedTuple):
     come back), times (1 + ``RoutingConfig.remote_margin_rtt``) for a worker in another
     region under KVCompass's score; ``prefill_ms`` is already priced,
     (1+λ)·β·(L − belief·matched_tokens); ``reload_ms`` is γ·belief·matched_tokens for a
-    DRAM-resident match, else 0.
+    DRAM-resident match, else 0. ``pending``: ``matched_tokens`` is a prefix this edge
+    has just sent there, which the index does not report yet (KVCompass's pending credit).
     """
 
     worker: int
@@ -62,6 +63,7 @@ class Candidate(NamedTuple):
     prefill_ms: float
     reload_ms: float
     score: float
+    pending: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -76,6 +78,7 @@ class Candidate(NamedTuple):
             "matched_tokens": self.matched_tokens,
             "tier": self.tier.name.lower(),
             "belief": self.belief,
+            "pending": self.pending,
         }
 
 

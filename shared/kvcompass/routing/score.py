@@ -143,10 +143,12 @@ class JointScore:
         queues: Sequence[float],
         lam: float,
         scores: Sequence[float],
+        indexed: Sequence[int] | None = None,
     ) -> tuple[Candidate, ...]:
         """The terms of ``workers``, in that order; ``scores`` is :meth:`scores`' list
-        (each worker's entry is the sum of its terms). One loop, not a call per worker:
-        the request path builds three."""
+        (each worker's entry is the sum of its terms). ``indexed``: the index's own
+        lengths when ``lengths`` adds pending credit (a longer length is pending). One
+        loop, not a call per worker: the request path builds three."""
         k = 1.0 + lam
         ids, regions, wan, beta, remote = self.ids, self.regions, self.wan, self.beta, self.remote
         gamma, xregion = self.gamma, self.xregion_reuse
@@ -161,6 +163,7 @@ class JointScore:
             else:
                 m, tier, e, reload = 0, Tier.ABSENT, 0.0, 0.0
             prefill = k * beta[w] * (prompt_tokens - e)
+            pending = indexed is not None and m > indexed[w]
             terms = (
                 w,
                 ids[w],
@@ -173,6 +176,7 @@ class JointScore:
                 prefill,
                 reload,
                 scores[w],
+                pending,
             )
             out.append(_new_candidate(Candidate, terms))
         return tuple(out)
