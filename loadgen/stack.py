@@ -168,6 +168,20 @@ class LocalStack:
         comp.popen = None
         self._launch(comp, wait=wait)
 
+    @contextmanager
+    def paused(self, name: str) -> Iterator[None]:
+        """SIGSTOP one component for the block, SIGCONT after it (chaos: a hung process).
+        Its listening sockets stay open, so the kernel still accepts connections to it,
+        but nothing it would do (answer, emit an event) happens until the block ends."""
+        popen = self._components[name].popen
+        if popen is None or popen.poll() is not None:
+            raise RuntimeError(f"{name} is not running")
+        popen.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            popen.send_signal(signal.SIGCONT)
+
     def metric(self, name: str, sample: str) -> float | None:
         """An unlabelled sample on a running component's /metrics (None: absent)."""
         port = self._components[name].status_port

@@ -275,6 +275,65 @@ def test_a_dram_hit_is_priced_as_the_score_says(stack: LocalStack) -> None:
     )
 
 
+def _decisions(stack: LocalStack, region: str, reason: str) -> float:
+    """The router's count of decisions for ``reason`` (over every target region)."""
+    with urllib.request.urlopen(stack.router_urls[region] + "/metrics", timeout=5) as reply:
+        lines = reply.read().decode().splitlines()
+    marker = f'reason="{reason}"'
+    return sum(
+        float(line.rpartition(" ")[2])
+        for line in lines
+        if line.startswith("kvc_router_decisions_total{") and marker in line
+    )
+
+
+def test_a_prefix_just_sent_is_credited_before_the_index_knows_it(stack: LocalStack) -> None:
+    """Pending credit on the live path: until the worker a prompt was sent to starts it,
+    the index cannot know the prompt, but the router credits its own send, so a second
+    request of it goes to the same worker and reuses it there."""
+    worker = "us-7"  # a host of its own, so it can hang alone
+    head = _prompt(2_048, seed=10)
+    prompt = head + _prompt(2_048, seed=11)
+    _direct(stack, worker, head)
+    # 2,048 tokens indexed at us-7 and its queue seen empty: the prompt's best worker.
+    assert wait_indexed(stack, "us", prompt, worker, idle=True)["worker"] == worker
+    answers: list[tuple[dict[str, str], dict[str, Any]]] = []
+
+    def send() -> threading.Thread:
+        thread = threading.Thread(target=lambda: answers.append(complete(stack, "us", prompt)))
+        thread.start()
+        return thread
+
+    before = _decisions(stack, "us", "reuse-pending")
+    with stack.paused(f"workers-{worker}"):  # it starts nothing: no event can leave it
+        first = send()
+
+        def credited() -> dict[str, Any] | None:
+            c = {c["worker"]: c for c in route(stack, "us", prompt)["candidates"]}[worker]
+            return c if c["matched_tokens"] > len(head) else None
+
+        candidate = poll_until(credited, 10, "the us router crediting its send", interval=0.01)
+        assert candidate["pending"] is True  # the index still says 2,048
+        assert candidate["matched_tokens"] == len(prompt)
+        second = send()
+        poll_until(
+            lambda: _decisions(stack, "us", "reuse-pending") > before,
+            10,
+            "the second request decided on the pending credit",
+            interval=0.01,
+        )
+    first.join(60)
+    second.join(60)
+    assert len(answers) == 2
+    for headers, _ in answers:
+        assert headers["x-kvc-worker"] == worker
+    reasons = sorted(headers["x-kvc-reason"] for headers, _ in answers)
+    assert reasons == ["reuse-local", "reuse-pending"]
+    reused = sorted(body["usage"]["prompt_tokens_details"]["cached_tokens"] for _, body in answers)
+    assert reused[0] >= len(head) - 16  # the first reused what the index said
+    assert reused[1] >= len(prompt) - 16  # the second all that was sent before it
+
+
 def _stream(port: int, body: dict[str, Any]) -> tuple[int, str, list[tuple[float, str]]]:
     """(status, content type, [(arrival time, data)] of every SSE event)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
