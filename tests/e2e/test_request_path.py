@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from kvcompass.loadgen.stack import LocalStack, StackConfig
+from kvcompass.loadgen.stack import LocalStack, StackConfig, read_metric
 from kvcompass.loadgen.testing import poll_until
 from kvcompass.topology import load_builtin, load_topology
 
@@ -275,18 +275,6 @@ def test_a_dram_hit_is_priced_as_the_score_says(stack: LocalStack) -> None:
     )
 
 
-def _decisions(stack: LocalStack, region: str, reason: str) -> float:
-    """The router's count of decisions for ``reason`` (over every target region)."""
-    with urllib.request.urlopen(stack.router_urls[region] + "/metrics", timeout=5) as reply:
-        lines = reply.read().decode().splitlines()
-    marker = f'reason="{reason}"'
-    return sum(
-        float(line.rpartition(" ")[2])
-        for line in lines
-        if line.startswith("kvc_router_decisions_total{") and marker in line
-    )
-
-
 def test_a_prefix_just_sent_is_credited_before_the_index_knows_it(stack: LocalStack) -> None:
     """Pending credit on the live path: until the worker a prompt was sent to starts it,
     the index cannot know the prompt, but the router credits its own send, so a second
@@ -304,7 +292,9 @@ def test_a_prefix_just_sent_is_credited_before_the_index_knows_it(stack: LocalSt
         thread.start()
         return thread
 
-    before = _decisions(stack, "us", "reuse-pending")
+    port = int(stack.router_urls["us"].rsplit(":", 1)[1])
+    sample = 'kvc_router_decisions_total{reason="reuse-pending",region="us"}'
+    before = read_metric(port, sample) or 0.0
     with stack.paused(f"workers-{worker}"):  # it starts nothing: no event can leave it
         first = send()
 
@@ -317,7 +307,7 @@ def test_a_prefix_just_sent_is_credited_before_the_index_knows_it(stack: LocalSt
         assert candidate["matched_tokens"] == len(prompt)
         second = send()
         poll_until(
-            lambda: _decisions(stack, "us", "reuse-pending") > before,
+            lambda: (read_metric(port, sample) or 0.0) > before,
             10,
             "the second request decided on the pending credit",
             interval=0.01,

@@ -126,7 +126,7 @@ class KVCompassPolicy(QueueFed):
             queues,
             lam,
             scores,
-            indexed_lengths if pending is not None else None,
+            indexed_lengths,
         )
         claimed = candidates[0].matched_tokens
         if not indexed:

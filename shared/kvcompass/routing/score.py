@@ -147,8 +147,8 @@ class JointScore:
     ) -> tuple[Candidate, ...]:
         """The terms of ``workers``, in that order; ``scores`` is :meth:`scores`' list
         (each worker's entry is the sum of its terms). ``indexed``: the index's own
-        lengths when ``lengths`` adds pending credit (a longer length is pending). One
-        loop, not a call per worker: the request path builds three."""
+        lengths, where ``lengths`` may add pending credit (a longer length is pending).
+        One loop, not a call per worker: the request path builds three."""
         k = 1.0 + lam
         ids, regions, wan, beta, remote = self.ids, self.regions, self.wan, self.beta, self.remote
         gamma, xregion = self.gamma, self.xregion_reuse
