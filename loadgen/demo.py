@@ -90,6 +90,13 @@ def _parser() -> argparse.ArgumentParser:
         "of their region until the index reports it (their KVC_PENDING_CREDIT; default on)",
     )
     parser.add_argument(
+        "--prefix-chain",
+        action=argparse.BooleanOptionalAction,
+        default=RoutingConfig.prefix_chain,
+        help="beyond the paper: the routers count a worker's index hit only where it extends "
+        "the worker's shorter hits (their KVC_PREFIX_CHAIN; default on)",
+    )
+    parser.add_argument(
         "--time-scale",
         type=float,
         default=1.0,
@@ -142,6 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra_env={
             "KVC_REMOTE_MARGIN_RTT": str(args.remote_margin_rtt),
             "KVC_PENDING_CREDIT": str(args.pending_credit).lower(),
+            "KVC_PREFIX_CHAIN": str(args.prefix_chain).lower(),
         },
     )
     t0 = time.monotonic()

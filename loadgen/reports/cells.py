@@ -29,6 +29,7 @@ def paper_cell(policy: str, rate: float, seed: int = 0, **knobs: Any) -> Cell:
         "resync": False,
         "remote_margin_rtt": 0.0,
         "pending_credit": False,
+        "prefix_chain": False,
     }
     return Cell(policy, rate, seed, **(paper | knobs))
 

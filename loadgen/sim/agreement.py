@@ -172,7 +172,9 @@ def _config(args: argparse.Namespace, topology: Topology, overhead: float) -> Si
         update_delay_ms=args.update_delay_ms,
         serving_overhead_ms=overhead,
         routing=RoutingConfig(
-            remote_margin_rtt=args.remote_margin_rtt, pending_credit=args.pending_credit
+            remote_margin_rtt=args.remote_margin_rtt,
+            pending_credit=args.pending_credit,
+            prefix_chain=args.prefix_chain,
         ),
     )
 
@@ -219,6 +221,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         action=argparse.BooleanOptionalAction,
         default=RoutingConfig.pending_credit,
         help="the demo's --pending-credit (default on)",
+    )
+    p.add_argument(
+        "--prefix-chain",
+        action=argparse.BooleanOptionalAction,
+        default=RoutingConfig.prefix_chain,
+        help="the demo's --prefix-chain (default on)",
     )
     p.add_argument(
         "--serving-overhead-ms",

@@ -67,6 +67,9 @@ class Cell:
     remote_margin_rtt: float = RoutingConfig.remote_margin_rtt
     #: KVCompass credits prefixes it has just sent (``RoutingConfig.pending_credit``).
     pending_credit: bool = RoutingConfig.pending_credit
+    #: KVCompass counts a hit only where it extends the worker's shorter ones
+    #: (``RoutingConfig.prefix_chain``).
+    prefix_chain: bool = RoutingConfig.prefix_chain
 
     def __post_init__(self) -> None:
         # Checked when the cell is made, so a sweep refuses a bad rate before running any
@@ -102,6 +105,7 @@ class Cell:
                 ablations=ablations,
                 remote_margin_rtt=self.remote_margin_rtt,
                 pending_credit=self.pending_credit,
+                prefix_chain=self.prefix_chain,
             ),
             eviction=EvictionPolicy(self.eviction),
             time_limit_s=self.duration,

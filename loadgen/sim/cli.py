@@ -61,6 +61,14 @@ def _cell_arguments(p: argparse.ArgumentParser, sweep: bool) -> None:
         "its region until the index reports it (--no-pending-credit: the paper's score; "
         "on by default, as the router ships)",
     )
+    g.add_argument(
+        "--prefix-chain",
+        action=argparse.BooleanOptionalAction,
+        default=RoutingConfig.prefix_chain,
+        help="beyond the paper: KVCompass counts a worker's index hit at a length only if "
+        "it also hit at the region's previous length, turning away false locators "
+        "(--no-prefix-chain: the paper's lookup; on by default, as the router ships)",
+    )
     g.add_argument("--update-delay-ms", type=float, default=0.0, help="MU → edge patch delay")
     g.add_argument("--update-loss", type=float, default=0.0, help="patch batch loss (0..1)")
     g.add_argument("--jitter-pct", type=float, default=0.0, help="± WAN one-way jitter (%%)")

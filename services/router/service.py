@@ -59,6 +59,7 @@ def routing_policy(
         remote_margin_rtt=settings.remote_margin_rtt,
         pending_credit=settings.pending_credit,
         pending_slack_s=settings.pending_slack_s,
+        prefix_chain=settings.prefix_chain,
     )
     return make_policy(
         settings.policy, topology, settings.region, reader, config=config, clock=clock

@@ -48,6 +48,12 @@ class RouterSettings(PipelineSettings):
         RoutingConfig.pending_slack_s,
         "How long past the queue estimate it routed on a sent prefix stays credited (s).",
     )
+    prefix_chain: bool = setting(
+        RoutingConfig.prefix_chain,
+        "Beyond the paper: KVCompass counts a worker's index hit at a length only if the "
+        "worker also hit at the region's previous length, which turns away most false "
+        "locators of the keyless index (false: the paper's lookup, every hit counts).",
+    )
     worker_endpoints: str = setting(
         "",
         "Worker URLs: 'us-0=http://127.0.0.1:9100,eu-0=...' or the path of a file with one "

@@ -493,3 +493,44 @@ def test_query_lengths_follow_the_plan() -> None:
     keys = prefix_keys(tokens, [4096, 5648], NS)
     assert dict(query.per_region["us"])[4096] == keys[4096]
     assert dict(query.per_region["eu"])[5648] == keys[5648]
+
+
+def test_chained_lookups_keep_true_matches_and_turn_away_most_false_locators() -> None:
+    """No fingerprints (the paper's index): a never-inserted key answers whatever occupied
+    cell it lands on. Chained, a hit counts only where the worker also hit at the
+    region's previous length: true holders keep their whole match, while a false
+    locator past a region's first length needs the same worker named by consecutive
+    false hits, which is an order of magnitude rarer."""
+    topology = load_builtin("testbed-3region")
+    assert topology.index.fingerprint_bits == 0
+    scenario = Scenario.new(topology, 1, 64)
+    rng = np.random.default_rng(1)
+    stored = []
+    for _ in range(400):
+        toks = rng.integers(0, 50_000, 8192, dtype=np.uint32)
+        worker = int(rng.integers(len(topology.workers)))
+        region = topology.workers[worker].region
+        lengths = list(scenario.plan.registration_lengths[region])
+        set_tier(scenario.shards, list(prefix_keys(toks, lengths, NS).values()), worker, Tier.VRAM)
+        stored.append((toks, worker))
+    scenario.view.apply(take_patches(scenario.shards))
+
+    for toks, worker in stored[:50]:
+        chained = scenario.view.match(
+            MultiLevelQuery.for_prompt(toks, "us", scenario.plan, NS, chained=True)
+        )
+        plain = scenario.view.match(MultiLevelQuery.for_prompt(toks, "us", scenario.plan, NS))
+        assert chained.lengths[worker] == plain.lengths[worker] > 0
+
+    first = {r: lengths[0] for r, lengths in scenario.plan.queries_from("us").items()}
+    past_first = {False: 0, True: 0}
+    for _ in range(300):
+        alien = rng.integers(50_000, 100_000, 8192, dtype=np.uint32)  # never inserted
+        for chain in (False, True):
+            query = MultiLevelQuery.for_prompt(alien, "us", scenario.plan, NS, chained=chain)
+            match = scenario.view.match(query)
+            past_first[chain] += sum(
+                n > first[w.region] for w, n in zip(topology.workers, match.lengths, strict=True)
+            )
+    assert past_first[False] > 1000
+    assert past_first[True] * 8 < past_first[False]

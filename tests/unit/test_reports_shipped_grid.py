@@ -84,12 +84,15 @@ def test_cells_are_both_figures_plus_the_shipped_kvcompass_at_each_point() -> No
     assert {
         "remote_margin_rtt": shipped.remote_margin_rtt,
         "pending_credit": shipped.pending_credit,
+        "prefix_chain": shipped.prefix_chain,
     } == shipped_grid.SHIPPED
-    assert {(c.policy, c.remote_margin_rtt, c.pending_credit) for c in extra} == {
-        ("kvcompass", shipped.remote_margin_rtt, shipped.pending_credit)
+    assert {(c.policy, c.remote_margin_rtt, c.pending_credit, c.prefix_chain) for c in extra} == {
+        ("kvcompass", shipped.remote_margin_rtt, shipped.pending_credit, shipped.prefix_chain)
     }
     ours = [c for c in base if c.policy == "kvcompass"]
-    assert {(c.remote_margin_rtt, c.pending_credit) for c in ours} == {(0.0, False)}
+    assert {(c.remote_margin_rtt, c.pending_credit, c.prefix_chain) for c in ours} == {
+        (0.0, False, False)
+    }
     assert sorted((c.topology, c.workload, c.rate) for c in extra) == sorted(
         (c.topology, c.workload, c.rate) for c in ours
     )

@@ -142,3 +142,18 @@ def test_the_pending_credit_settings_reach_kvcompass(value: str, on: bool) -> No
     assert isinstance(policy, KVCompassPolicy)
     assert (policy.pending is not None) is on
     assert policy.pending is None or policy.pending.slack_s == 0.25
+
+
+@pytest.mark.parametrize(("value", "on"), [("true", True), ("false", False)])
+def test_the_prefix_chain_setting_reaches_kvcompass(value: str, on: bool) -> None:
+    topology = load_builtin("testbed-3region")
+    env = {"KVC_REGION": topology.regions[0].name, "KVC_PREFIX_CHAIN": value}
+    settings = RouterSettings.from_env(env)
+    policy = routing_policy(settings, topology, StubReader(len(topology.workers)), ManualClock())
+    assert isinstance(policy, KVCompassPolicy)
+    assert policy.config.prefix_chain is on
+
+
+def test_a_bad_prefix_chain_setting_names_its_variable() -> None:
+    with pytest.raises(ConfigError, match="KVC_PREFIX_CHAIN"):
+        RouterSettings.from_env({"KVC_REGION": "us", "KVC_PREFIX_CHAIN": "sometimes"})

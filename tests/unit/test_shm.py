@@ -291,7 +291,8 @@ def test_match_through_shared_memory_equals_the_in_process_view(
     prefix: str, topology_name: str, value_bits: int | None, n_shards: int
 ) -> None:
     """Registrations, tier changes and evictions, through table growth: the shared-memory
-    reader answers every edge's queries exactly as the in-process view and a reference."""
+    reader answers every edge's queries exactly as the in-process view and a reference,
+    and their chained versions (``MultiLevelQuery.chained``) as the view."""
     topology = topology_with(topology_name, value_bits)
     tables = Tables.empty(topology, n_shards, capacity=1)
     layout, plan = tables.layout, plan_levels(topology)
@@ -303,6 +304,7 @@ def test_match_through_shared_memory_equals_the_in_process_view(
     held: dict[tuple[int, int], Tier] = {}  # (worker, key) -> tier: the reference
     edges = [r.name for r in topology.regions[:3]]
     queries = [MultiLevelQuery.for_prompt(p, e, plan, NS) for p in prompts for e in edges]
+    chained = [MultiLevelQuery(q.per_region, chained=True) for q in queries]
     with (
         SharedIndexWriter(prefix, n_shards, len(layout.tables)) as writer,
         SharedIndexReader(prefix, layout) as reader,
@@ -329,6 +331,8 @@ def test_match_through_shared_memory_equals_the_in_process_view(
                 assert got == view.match(query)
                 assert got == expected_match(topology, query, held)
                 found += len(got.holders())
+            for query in chained:
+                assert reader.match(query) == view.match(query)
         assert found > 0, "the queries should find holders"
         grown = [t for t in tables.tables.values() if t.geometry.generation > 0]
         assert grown, "tables should have grown while the reader followed"

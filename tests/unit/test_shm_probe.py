@@ -58,16 +58,22 @@ def test_compiled_lookup_equals_the_view_bit_for_bit(value_bits: int, fp_bits: i
         assert any(got[len(keys) :])
 
 
-def test_match_probes_decodes_like_the_python_decoder() -> None:
+@pytest.mark.parametrize("chained", [False, True])
+def test_match_probes_decodes_like_the_python_decoder(chained: bool) -> None:
     """One 64-bit table whose 32 fields belong to scattered workers: each worker gets
     the length of its last probe with a nonzero field, and that field's tier. Rows whose
-    key index is past the keys (a prompt shorter than their length) are skipped."""
+    key index is past the keys (a prompt shorter than their length) are skipped.
+    Chained, a field counts only if its worker's match so far is the row's ``after``
+    (the previous length): the keys' random values leave most chains broken early."""
     table, keys = _table(64, 16)
     _buf, desc = _described(table.view_image())
     owners = random.Random(4).sample(range(100), 32)
     workers = probe.table_workers([tuple(owners)])
     picked = keys[:40]
-    probes = np.array([(i, 0, 16 * (i + 1)) for i in range(len(picked) + 5)], np.int64)
+    probes = np.array(
+        [(i, 0, 16 * (i + 1), 16 * i if chained else -1) for i in range(len(picked) + 5)],
+        np.int64,
+    )
     lengths, tiers = np.zeros(100, np.int64), np.zeros(100, np.int64)
     touched = np.zeros(1, np.uint8)
     probe.match_probes(
@@ -78,12 +84,16 @@ def test_match_probes_decodes_like_the_python_decoder() -> None:
         value = table.get(key)
         for field in range(32):
             tier = (value >> (2 * field)) & 3
-            if tier:
-                want_lengths[owners[field]] = 16 * (i + 1)
-                want_tiers[owners[field]] = tier
+            w = owners[field]
+            if tier and (not chained or want_lengths[w] == 16 * i):
+                want_lengths[w] = 16 * (i + 1)
+                want_tiers[w] = tier
     assert lengths.tolist() == want_lengths
     assert tiers.tolist() == want_tiers
     assert touched.tolist() == [1]
+    assert any(want_lengths)
+    if chained:  # the check bit: no chain runs through all 40 random values
+        assert max(want_lengths) < 16 * len(picked)
 
 
 def test_table_workers_pads_short_tables() -> None:

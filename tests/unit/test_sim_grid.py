@@ -158,3 +158,14 @@ def test_a_cell_hands_its_pending_credit_to_kvcompass_and_the_paper_cells_turn_i
     paper = paper_cell("kvcompass", 100)
     assert not paper.sim_config(topology).routing.pending_credit  # the paper's score
     assert "pending_credit=False" in paper.key
+
+
+def test_a_cell_hands_its_prefix_chain_to_kvcompass_and_the_paper_cells_turn_it_off() -> None:
+    topology = topology_of("sim-8region")
+    assert Cell("kvcompass", 100).sim_config(topology).routing.prefix_chain  # as shipped
+    off = Cell("kvcompass", 100, prefix_chain=False)
+    assert not off.sim_config(topology).routing.prefix_chain
+    assert "prefix_chain=False" in off.key
+    paper = paper_cell("kvcompass", 100)
+    assert not paper.sim_config(topology).routing.prefix_chain  # the paper's lookup
+    assert "prefix_chain=False" in paper.key

@@ -53,24 +53,38 @@ class Match:
 
 @dataclass(frozen=True, slots=True)
 class MultiLevelQuery:
-    """A prompt's keys at the lengths one edge queries, per target region, ascending."""
+    """A prompt's keys at the lengths one edge queries, per target region, ascending.
+
+    ``chained``: a worker's hit at a length counts only if it also hit at the region's
+    previous queried length (see :func:`kvcompass.index.probe.match_probes`), which
+    turns away most false locators; False: every hit counts (the paper's lookup).
+    """
 
     per_region: Mapping[str, Sequence[tuple[int, int]]]
+    chained: bool = False
 
     @classmethod
     def for_prompt(
-        cls, tokens: TokenIds, edge_region: str, plan: LevelPlan, namespace: Namespace
+        cls,
+        tokens: TokenIds,
+        edge_region: str,
+        plan: LevelPlan,
+        namespace: Namespace,
+        chained: bool = False,
     ) -> MultiLevelQuery:
         """Hash the prompt once, at the union of the lengths the edge queries."""
-        return QueryPlanner(plan, edge_region, namespace).query(tokens)
+        return QueryPlanner(plan, edge_region, namespace, chained).query(tokens)
 
 
 class QueryPlanner:
     """One edge's query lengths, resolved once; :meth:`query` is then per request."""
 
-    def __init__(self, plan: LevelPlan, edge_region: str, namespace: Namespace) -> None:
+    def __init__(
+        self, plan: LevelPlan, edge_region: str, namespace: Namespace, chained: bool = False
+    ) -> None:
         self.edge_region = edge_region
         self.namespace = namespace
+        self.chained = chained
         self._hasher = PrefixHasher(plan.all_query_lengths(edge_region), namespace, plan.key_hash)
         at = {c: i for i, c in enumerate(self._hasher.lengths)}
         self._shape = _shape(
@@ -81,7 +95,8 @@ class QueryPlanner:
         )
 
     def query(self, tokens: TokenIds) -> MultiLevelQuery:
-        return MultiLevelQuery(_PlannedRegions(self._shape, self._hasher.key_list(tokens)))
+        regions = _PlannedRegions(self._shape, self._hasher.key_list(tokens))
+        return MultiLevelQuery(regions, self.chained)
 
 
 class _Shape:
@@ -138,11 +153,12 @@ class _PlannedRegions(Mapping[str, list[tuple[int, int]]]):
 class MatchProbes:
     """A layout's lookups of a query as input for the compiled match.
 
-    :meth:`rows` gives the query's keys and (key index, table id, length) rows per table
-    of each region the query names, by ascending length, so that
+    :meth:`rows` gives the query's keys and (key index, table id, length, after) rows per
+    table of each region the query names, by ascending length, so that
     :func:`kvcompass.index.probe.match_probes` lets a longer match overwrite a shorter
-    one; ``workers`` maps its table fields to global workers. Both readers, the
-    in-process view and the shared-memory one, probe through it.
+    one (``after``: the region's previous length for a chained query, else -1);
+    ``workers`` maps its table fields to global workers. Both readers, the in-process
+    view and the shared-memory one, probe through it.
     """
 
     def __init__(self, layout: IndexLayout) -> None:
@@ -152,7 +168,7 @@ class MatchProbes:
             region: tuple(t.table_id for t in layout.tables_of(region))
             for region in dict.fromkeys(t.region for t in layout.tables)
         }
-        self._planned: dict[_Shape, NDArray[np.int64]] = {}
+        self._planned: dict[tuple[_Shape, bool], NDArray[np.int64]] = {}
 
     def rows(self, query: MultiLevelQuery) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
         """The query's keys (63-bit, so int64) and its probe rows."""
@@ -160,18 +176,22 @@ class MatchProbes:
         if isinstance(regions, _PlannedRegions):
             # A planner's rows cover all its lengths (the kernel skips those past the
             # prompt's keys): built once per plan, not per request.
-            probes = self._planned.get(regions.shape)
+            planned = (regions.shape, query.chained)
+            probes = self._planned.get(planned)
             if probes is None:
-                probes = self._planned[regions.shape] = self._rows(regions.shape.regions)
+                probes = self._rows(regions.shape.regions, query.chained)
+                self._planned[planned] = probes
             return np.array(regions.key_list, np.int64), probes
         keys: list[int] = []
         indexed: dict[str, list[tuple[int, int]]] = {}
         for region, pairs in regions.items():
             indexed[region] = [(c, i) for i, (c, _) in enumerate(pairs, len(keys))]
             keys += [key for _, key in pairs]
-        return np.array(keys, np.int64), self._rows(indexed)
+        return np.array(keys, np.int64), self._rows(indexed, query.chained)
 
-    def _rows(self, regions: Mapping[str, Sequence[tuple[int, int]]]) -> NDArray[np.int64]:
+    def _rows(
+        self, regions: Mapping[str, Sequence[tuple[int, int]]], chained: bool
+    ) -> NDArray[np.int64]:
         flat: list[int] = []
         extend = flat.extend
         region_tables = self._region_tables
@@ -180,9 +200,11 @@ class MatchProbes:
             if tables is None:
                 raise BadInput(f"query names region {region!r}, not one of this index")
             for table in tables:
+                after = 0
                 for length, at in pairs:
-                    extend((at, table, length))
-        return np.array(flat, dtype=np.int64).reshape(-1, 3)
+                    extend((at, table, length, after if chained else -1))
+                    after = length
+        return np.array(flat, dtype=np.int64).reshape(-1, 4)
 
 
 class DiscoveryView:

@@ -121,8 +121,12 @@ def match_probes(
     tiers: NDArray[np.int64],
     touched: NDArray[np.uint8],
 ) -> None:
-    """Probe (key index, table id, length) rows in order: a later nonzero field of a
-    worker overwrites an earlier one, so give each table's probes by ascending length.
+    """Probe (key index, table id, length, after) rows in order: a later nonzero field
+    of a worker overwrites an earlier one, so give each table's probes by ascending
+    length. With ``after`` >= 0 a field counts only if its worker's match so far is
+    exactly ``after`` (the previous length queried in that region): a worker holding a
+    prefix holds every shorter one, so a hit that does not extend the worker's chain is
+    a false locator (a never-inserted key landing on an occupied cell). -1: no check.
 
     A row whose key index is past the end of ``keys`` is skipped: an edge's rows cover
     its every query length, and a prompt has keys only up to its own length.
@@ -143,13 +147,15 @@ def match_probes(
         shard = np.int64(_mix64(key ^ _SALT) % n_shards)
         touched[shard] = 1
         value = _lookup(desc[shard * n_tables + table], key)
+        after = probes[i, 3]
         field = 0
         while value:
             tier = np.int64(value & _U3)
             if tier:
                 w = workers[table, field]
-                lengths[w] = probes[i, 2]
-                tiers[w] = tier
+                if after < 0 or lengths[w] == after:
+                    lengths[w] = probes[i, 2]
+                    tiers[w] = tier
             value >>= _U2
             field += 1
 
@@ -184,7 +190,7 @@ def warm_up() -> None:
         np.zeros((1, N_COLUMNS), np.uint64),
         1,
         np.zeros(0, np.int64),
-        np.zeros((0, 3), np.int64),
+        np.zeros((0, 4), np.int64),
         table_workers([(0,)]),
         empty,
         empty.copy(),

@@ -82,6 +82,12 @@ class RoutingConfig:
     #: How long past the queue estimate it routed on a sent prefix stays credited (s): the
     #: index's lag and the estimate's error (0.1, 0.5 and 2 s measured alike at 3 λ0).
     pending_slack_s: float = 0.5
+    #: Beyond the paper (False: its lookup): a worker's hit at an indexed length counts
+    #: only if it also hit at the previous length queried in its region. A worker that
+    #: holds a prefix holds every shorter one, so a hit that breaks the chain is a false
+    #: locator: a never-inserted key (most of a long prompt's) landing on an occupied
+    #: Ludo cell. Costs no memory; see ``kvcompass.index.probe.match_probes``.
+    prefix_chain: bool = True
     ablations: Ablations = field(default_factory=Ablations)
 
     def __post_init__(self) -> None:

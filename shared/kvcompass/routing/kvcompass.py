@@ -80,7 +80,7 @@ class KVCompassPolicy(QueueFed):
         planner = self._planners.get(namespace)
         if planner is None:
             planner = self._planners[namespace] = QueryPlanner(
-                self._plan, self.origin_region, namespace
+                self._plan, self.origin_region, namespace, self.config.prefix_chain
             )
         return planner
 

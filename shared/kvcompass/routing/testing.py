@@ -109,11 +109,18 @@ class RealIndex:
         self.view = DiscoveryView.from_images(layout, self.n_shards, images)
 
     def set(
-        self, worker: int, toks: NDArray[np.uint32], upto: int, tier: Tier, ns: Namespace = NS
+        self,
+        worker: int,
+        toks: NDArray[np.uint32],
+        upto: int,
+        tier: Tier,
+        ns: Namespace = NS,
+        above: int = 0,
     ) -> None:
-        """Register (or with ABSENT, evict) ``worker``'s prefixes of ``toks`` up to ``upto``."""
+        """Register (or with ABSENT, evict) ``worker``'s prefixes of ``toks`` longer than
+        ``above`` up to ``upto``."""
         region = self.topology.workers[worker].region
-        lengths = [c for c in self.plan.registration_lengths[region] if c <= upto]
+        lengths = [c for c in self.plan.registration_lengths[region] if above < c <= upto]
         keys = np.asarray(list(prefix_keys(toks, lengths, ns).values()), dtype=np.uint64)
         owners = shard_of_array(keys, self.n_shards)
         for s, tables in self.shards.items():
