@@ -149,23 +149,14 @@ def test_a_cell_hands_its_remote_margin_to_kvcompass_and_names_it_in_its_key() -
     assert "remote_margin_rtt=0.0" in paper.key
 
 
-def test_a_cell_hands_its_pending_credit_to_kvcompass_and_the_paper_cells_turn_it_off() -> None:
+@pytest.mark.parametrize("knob", ["pending_credit", "prefix_chain"])
+def test_a_cell_hands_its_switch_to_kvcompass_and_the_paper_cells_turn_it_off(knob: str) -> None:
+    """Both beyond-the-paper switches are on as shipped, off in the paper's cells."""
     topology = topology_of("sim-8region")
-    assert Cell("kvcompass", 100).sim_config(topology).routing.pending_credit  # as shipped
-    off = Cell("kvcompass", 100, pending_credit=False)
-    assert not off.sim_config(topology).routing.pending_credit
-    assert "pending_credit=False" in off.key
+    assert getattr(Cell("kvcompass", 100).sim_config(topology).routing, knob)  # as shipped
+    off = Cell("kvcompass", 100, **{knob: False})
+    assert not getattr(off.sim_config(topology).routing, knob)
+    assert f"{knob}=False" in off.key
     paper = paper_cell("kvcompass", 100)
-    assert not paper.sim_config(topology).routing.pending_credit  # the paper's score
-    assert "pending_credit=False" in paper.key
-
-
-def test_a_cell_hands_its_prefix_chain_to_kvcompass_and_the_paper_cells_turn_it_off() -> None:
-    topology = topology_of("sim-8region")
-    assert Cell("kvcompass", 100).sim_config(topology).routing.prefix_chain  # as shipped
-    off = Cell("kvcompass", 100, prefix_chain=False)
-    assert not off.sim_config(topology).routing.prefix_chain
-    assert "prefix_chain=False" in off.key
-    paper = paper_cell("kvcompass", 100)
-    assert not paper.sim_config(topology).routing.prefix_chain  # the paper's lookup
-    assert "prefix_chain=False" in paper.key
+    assert not getattr(paper.sim_config(topology).routing, knob)  # the paper's KVCompass
+    assert f"{knob}=False" in paper.key
