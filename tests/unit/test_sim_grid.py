@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -154,7 +155,8 @@ def test_a_cell_hands_its_switch_to_kvcompass_and_the_paper_cells_turn_it_off(kn
     """Both beyond-the-paper switches are on as shipped, off in the paper's cells."""
     topology = topology_of("sim-8region")
     assert getattr(Cell("kvcompass", 100).sim_config(topology).routing, knob)  # as shipped
-    off = Cell("kvcompass", 100, **{knob: False})
+    switched_off: dict[str, Any] = {knob: False}
+    off = Cell("kvcompass", 100, **switched_off)
     assert not getattr(off.sim_config(topology).routing, knob)
     assert f"{knob}=False" in off.key
     paper = paper_cell("kvcompass", 100)
