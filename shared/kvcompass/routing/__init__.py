@@ -4,8 +4,9 @@ Core only: no I/O, time from an injected clock. :func:`make_policy` builds a pol
 name; the edge router drives it through :class:`RoutingPolicy`. The "kvcompass" policy
 scores every worker by the joint score (:mod:`.score`) with cache belief (:mod:`.belief`),
 queue estimates (:mod:`.queues`), hot-prefix migration (:mod:`.migration`) and, beyond
-the paper, credit for prefixes it has just sent (:mod:`.pending`). The paper's baselines
-(:mod:`.baselines`) are policies of the same interface.
+the paper, credit for prefixes it has just sent (:mod:`.pending`) and chained lookups
+(``RoutingConfig.prefix_chain``). The paper's baselines (:mod:`.baselines`) are
+policies of the same interface.
 """
 
 from kvcompass.routing.baselines import (

@@ -24,9 +24,10 @@ __all__ = ["KVCompassPolicy"]
 class KVCompassPolicy(QueueFed):
     """Routes one edge region's requests by the joint score (paper §3.4).
 
-    Keys come from a :class:`QueryPlanner` per namespace (built on first use, kept), the
-    matches from ``reader``; belief and queue estimates are updated by the feedback
-    methods. A hot prefix family may add a :class:`MigrationOrder` to a decision.
+    Keys come from a :class:`QueryPlanner` per namespace (built on first use, kept; its
+    queries chained per ``config.prefix_chain``), the matches from ``reader``; belief
+    and queue estimates are updated by the feedback methods. A hot prefix family may add
+    a :class:`MigrationOrder` to a decision.
     """
 
     name = "kvcompass"
