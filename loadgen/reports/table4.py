@@ -1,7 +1,9 @@
 """Table 4: KVCompass's sensitivity to WAN jitter, index update loss and update delay.
 
 Beyond the paper (which admits no guaranteed recovery from lost updates), the loss rows
-run again with the edges' gap detection + resync on. Hit rate = share of prompt tokens
+run again with the edges' gap detection + resync on; and the base and loss rows run
+again with the shipped prefix chain (``RoutingConfig.prefix_chain``), whose one failure
+mode is a lost key in the middle of a holder's chain. Hit rate = share of prompt tokens
 reused; false lookups = share of claimed matches the chosen worker did not fully hold.
 The simulator's jitter is a uniform factor in [1 − p, 1 + p] with p < 100%, so the
 paper's ±100% row is run at ±99%. The rate is the pool's no-reuse capacity λ0 (the
@@ -28,15 +30,23 @@ from kvcompass.loadgen.sim.grid import CellRunner
 
 __all__ = ["cells", "run_table4", "tabulate"]
 
-COLUMNS = ("variant", "resync", "ttft_p99_ms", "hit_rate_pct", "false_lookups_pct")
+COLUMNS = (
+    "variant",
+    "resync",
+    "prefix_chain",
+    "ttft_p99_ms",
+    "hit_rate_pct",
+    "false_lookups_pct",
+)
 
 
 def _variants() -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [{}]
     out += [{"jitter_pct": float(p)} for p in (25, 50, 99)]
-    for resync in (False, True):
-        out += [{"update_loss": p, "resync": resync} for p in (0.1, 0.2, 0.3)]
+    losses = [{"update_loss": p, "resync": r} for r in (False, True) for p in (0.1, 0.2, 0.3)]
+    out += losses
     out += [{"update_delay_ms": float(d)} for d in (100, 200, 300)]
+    out += [{"prefix_chain": True, **knobs} for knobs in ({}, *losses)]
     return out
 
 
@@ -69,6 +79,7 @@ def tabulate(runs: Mapping[Cell, Run]) -> list[dict[str, Any]]:
             {
                 "variant": variant(cell),
                 "resync": cell.resync,
+                "prefix_chain": cell.prefix_chain,
                 "ttft_p99_ms": float(run.summary.get("ttft_p99_ms", float("nan"))),
                 "hit_rate_pct": 100 * float(req["reused_tokens"].sum()) / prompt if prompt else 0.0,
                 "false_lookups_pct": 100
@@ -79,8 +90,11 @@ def tabulate(runs: Mapping[Cell, Run]) -> list[dict[str, Any]]:
 
 
 def figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
-    fig, (ttft, hit) = plt.subplots(1, 2, figsize=(11, 4))
-    labels = [f"{r['variant']}{' +resync' if r['resync'] else ''}" for r in rows]
+    fig, (ttft, hit) = plt.subplots(1, 2, figsize=(11, 5.5))
+    labels = [
+        f"{r['variant']}{' +resync' if r['resync'] else ''}{' +chain' if r['prefix_chain'] else ''}"
+        for r in rows
+    ]
     y = np.arange(len(rows))
     ttft.barh(y, [float(r["ttft_p99_ms"]) for r in rows], color="tab:blue")
     hit.barh(y, [float(r["hit_rate_pct"]) for r in rows], color="tab:green")

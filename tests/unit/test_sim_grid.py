@@ -106,8 +106,15 @@ def test_report_cells_keep_the_papers_edges_but_table4_compares_both() -> None:
     assert all(not c.resync and c.workload == "mixed" and c.duration is None for c in paper)
     rows = table4.cells(quick=True)
     lossy = [c for c in rows if c.update_loss]
-    assert {c.resync for c in lossy} == {False, True}
+    assert {(c.resync, c.prefix_chain) for c in lossy} == {
+        (False, False),
+        (True, False),
+        (False, True),
+        (True, True),
+    }
     assert not any(c.resync for c in rows if not c.update_loss)
+    chained = [table4.variant(c) for c in rows if c.prefix_chain and not c.update_loss]
+    assert chained == ["base"]
 
 
 @pytest.mark.parametrize(
