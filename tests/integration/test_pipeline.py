@@ -16,14 +16,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _edge import ThreadedEdge
-from _pipeline import N_SHARDS, Cluster, prompts
+from _pipeline import N_SHARDS, NS, Cluster, prompts
 from confluent_kafka import Consumer, Message, TopicPartition
 
+from kvcompass.index.discovery import MultiLevelQuery
+from kvcompass.index.layout import Tier
+from kvcompass.index.reader import IndexNotReady
 from kvcompass.loadgen.testing import poll_until
 from kvcompass.pipeline import Faults, FaultySource
 from kvcompass.services.edge.replayer import Poll
 from kvcompass.services.infra import RunningInfra
-from kvcompass.wire import DeadLetter, decode
+from kvcompass.shm import SharedIndexReader
+from kvcompass.wire import DeadLetter, EventKind, decode
 
 pytestmark = pytest.mark.integration
 
@@ -171,3 +175,48 @@ def test_garbage_events_go_to_the_dead_letter_topic(cluster: Cluster) -> None:
     assert sorted(letter.payload for letter in letters) == sorted([*garbage, encode(stranger)])
     assert all(letter.reason for letter in letters)
     assert any("unknown worker" in letter.reason for letter in letters)
+
+
+def test_the_edge_reads_what_the_pipeline_delivered_through_the_prefix_chain(
+    cluster: Cluster,
+) -> None:
+    """A holder whose shorter prefixes were evicted (its keys start past a gap) reaches
+    the edge's shared-memory views through the broker, a maintenance unit and the
+    replayer. The paper's lookup credits its longest key; a chained query (KVCompass's
+    default) credits it nothing, while an intact holder counts in full either way."""
+    rng = np.random.default_rng(21)
+    prompt = prompts(rng, 1)[0][:4096]
+    broken, intact = cluster.topology.worker("us-0"), cluster.topology.worker("us-1")
+    mu = cluster.start_mu()
+    edge = cluster.start_edge()
+    cluster.publish(broken.id, EventKind.ADMIT, prompt[:2048], Tier.VRAM)
+    cluster.publish(broken.id, EventKind.EVICT, prompt[:256], Tier.ABSENT)  # 128 and 256
+    cluster.publish(intact.id, EventKind.ADMIT, prompt[:1024], Tier.VRAM)
+    cluster.producer.flush(30)
+    plain = MultiLevelQuery.for_prompt(prompt, "us", cluster.plan, NS)
+    chained = MultiLevelQuery.for_prompt(prompt, "us", cluster.plan, NS, chained=True)
+    want = {broken.index: 2048, intact.index: 1024}
+
+    def delivered() -> SharedIndexReader | None:
+        try:
+            reader = SharedIndexReader(cluster.shm_prefix, cluster.layout)
+        except FileNotFoundError:
+            return None
+        try:
+            if matched(reader, plain) == want:
+                return reader
+        except IndexNotReady:
+            pass
+        reader.close()
+        return None
+
+    reader = poll_until(delivered, 60, "both holders at the edge")
+    try:
+        assert matched(reader, chained) == {intact.index: 1024}
+    finally:
+        reader.close()
+    cluster.finish([mu], edge)
+
+
+def matched(reader: SharedIndexReader, query: MultiLevelQuery) -> dict[int, int]:
+    return {w: n for w, (n, _) in reader.match(query).holders().items()}
