@@ -9,27 +9,32 @@ from typing import Any
 
 from kvcompass.loadgen.sim.cell import Cell
 
-__all__ = ["WORKLOADS", "no_reuse_capacity", "paper_cell", "rates_of"]
+__all__ = ["PAPER_ROUTING", "WORKLOADS", "no_reuse_capacity", "paper_cell", "rates_of"]
 
 #: The paper's Fig. 12 / Fig. 16 workloads (§5.1), one row of panels each.
 WORKLOADS = ("mixed", "wildchat", "lmsys")
+#: The cell settings of the paper's KVCompass: each switches off one thing the router
+#: ships beyond the paper (``RoutingConfig``'s defaults).
+PAPER_ROUTING: dict[str, Any] = {
+    "remote_margin_rtt": 0.0,
+    "pending_credit": False,
+    "prefix_chain": False,
+}
 
 
 def paper_cell(policy: str, rate: float, seed: int = 0, **knobs: Any) -> Cell:
     """A report's cell: the paper's Mixed workload (look-alike), a request count rather
     than a time limit (``requests``, 2000 unless given), the paper's edges, which apply
     whatever patches reach them (no resync; Table 4 turns it on for its own rows), and
-    the paper's score (no remote margin, no pending credit; the margin and shipped-grid
-    reports set theirs).
+    the paper's KVCompass (``PAPER_ROUTING``: no remote margin, pending credit or prefix
+    chain; the margin and shipped-grid reports set theirs).
     """
     paper: dict[str, Any] = {
         "workload": "mixed",
         "duration": None,
         "requests": 2000,
         "resync": False,
-        "remote_margin_rtt": 0.0,
-        "pending_credit": False,
-        "prefix_chain": False,
+        **PAPER_ROUTING,
     }
     return Cell(policy, rate, seed, **(paper | knobs))
 

@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from kvcompass.loadgen.reports import fig12
-from kvcompass.loadgen.reports.cells import WORKLOADS, rates_of
+from kvcompass.loadgen.reports.cells import PAPER_ROUTING, WORKLOADS, rates_of
 from kvcompass.loadgen.reports.common import Artefact
 from kvcompass.loadgen.reports.runs import Run
 from kvcompass.loadgen.reports.sweep import collect
@@ -90,9 +90,9 @@ def tabulate(runs: Mapping[Cell, Run]) -> list[dict[str, Any]]:
         at = points.setdefault((cell.topology, cell.workload, cell.rate), {"others": {}})
         if cell.policy != OURS:
             at["others"][cell.policy] = run.summary
-        elif cell.remote_margin_rtt == 0 and not cell.pending_credit and not cell.prefix_chain:
+        elif _has(cell, PAPER_ROUTING):
             at["paper"] = run.summary
-        elif all(getattr(cell, name) == value for name, value in SHIPPED.items()):
+        elif _has(cell, SHIPPED):
             at["shipped"] = run.summary
     order = {s.topology: i for i, s in enumerate(SCALES)}
     rows = []
@@ -124,6 +124,10 @@ def tabulate(runs: Mapping[Cell, Run]) -> list[dict[str, Any]]:
             row[f"{name}_cross_region_share"] = float(summary["cross_region_share"])
         rows.append(row)
     return rows
+
+
+def _has(cell: Cell, settings: Mapping[str, Any]) -> bool:
+    return all(getattr(cell, name) == value for name, value in settings.items())
 
 
 def _place(workload: str) -> int:
