@@ -38,7 +38,7 @@ from kvcompass.loadgen.workloads import (
     SyntheticWorkload,
 )
 from kvcompass.loadgen.workloads.request import bounded
-from kvcompass.routing import RoutingConfig
+from kvcompass.routing import PAPER_PRICE, RoutingConfig
 from kvcompass.topology import Topology, builtin_names, load_builtin, load_topology
 
 __all__ = ["main"]
@@ -97,6 +97,20 @@ def _parser() -> argparse.ArgumentParser:
         "the worker's shorter hits (their KVC_PREFIX_CHAIN; default on)",
     )
     parser.add_argument(
+        "--tau-ms",
+        type=float,
+        default=RoutingConfig.tau_ms,
+        help="τ of KVCompass's capacity price, min queue / τ (the routers' KVC_TAU_MS; "
+        f"default %(default)s; the paper's price: {PAPER_PRICE['tau_ms']:g})",
+    )
+    parser.add_argument(
+        "--lambda-max",
+        type=float,
+        default=RoutingConfig.lambda_max,
+        help="the capacity price's cap λmax (the routers' KVC_LAMBDA_MAX; default "
+        f"%(default)s; the paper's: {PAPER_PRICE['lambda_max']:g})",
+    )
+    parser.add_argument(
         "--time-scale",
         type=float,
         default=1.0,
@@ -150,6 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "KVC_REMOTE_MARGIN_RTT": str(args.remote_margin_rtt),
             "KVC_PENDING_CREDIT": str(args.pending_credit).lower(),
             "KVC_PREFIX_CHAIN": str(args.prefix_chain).lower(),
+            "KVC_TAU_MS": str(args.tau_ms),
+            "KVC_LAMBDA_MAX": str(args.lambda_max),
         },
     )
     t0 = time.monotonic()

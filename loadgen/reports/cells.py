@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvcompass.loadgen.sim.cell import Cell
+from kvcompass.routing import PAPER_PRICE
 
 __all__ = ["PAPER_ROUTING", "WORKLOADS", "no_reuse_capacity", "paper_cell", "rates_of"]
 
@@ -19,6 +20,7 @@ PAPER_ROUTING: dict[str, Any] = {
     "remote_margin_rtt": 0.0,
     "pending_credit": False,
     "prefix_chain": False,
+    **PAPER_PRICE,
 }
 
 
@@ -27,7 +29,7 @@ def paper_cell(policy: str, rate: float, seed: int = 0, **knobs: Any) -> Cell:
     than a time limit (``requests``, 2000 unless given), the paper's edges, which apply
     whatever patches reach them (no resync; Table 4 turns it on for its own rows), and
     the paper's KVCompass (``PAPER_ROUTING``: no remote margin, pending credit or prefix
-    chain; the margin and shipped-grid reports set theirs).
+    chain, the paper's capacity price; the margin and shipped-grid reports set theirs).
     """
     paper: dict[str, Any] = {
         "workload": "mixed",

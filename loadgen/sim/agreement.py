@@ -175,6 +175,8 @@ def _config(args: argparse.Namespace, topology: Topology, overhead: float) -> Si
             remote_margin_rtt=args.remote_margin_rtt,
             pending_credit=args.pending_credit,
             prefix_chain=args.prefix_chain,
+            tau_ms=args.tau_ms,
+            lambda_max=args.lambda_max,
         ),
     )
 
@@ -227,6 +229,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         action=argparse.BooleanOptionalAction,
         default=RoutingConfig.prefix_chain,
         help="the demo's --prefix-chain (default on)",
+    )
+    p.add_argument(
+        "--tau-ms",
+        type=float,
+        default=RoutingConfig.tau_ms,
+        help="the demo's --tau-ms (default %(default)s)",
+    )
+    p.add_argument(
+        "--lambda-max",
+        type=float,
+        default=RoutingConfig.lambda_max,
+        help="the demo's --lambda-max (default %(default)s)",
     )
     p.add_argument(
         "--serving-overhead-ms",

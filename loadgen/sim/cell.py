@@ -70,6 +70,10 @@ class Cell:
     #: KVCompass counts a hit only where it extends the worker's shorter ones
     #: (``RoutingConfig.prefix_chain``).
     prefix_chain: bool = RoutingConfig.prefix_chain
+    #: KVCompass's capacity price λ = min(λmax, min queue / τ) (``RoutingConfig.tau_ms``,
+    #: ``lambda_max``; the paper's: ``routing.PAPER_PRICE``).
+    tau_ms: float = RoutingConfig.tau_ms
+    lambda_max: float = RoutingConfig.lambda_max
 
     def __post_init__(self) -> None:
         # Checked when the cell is made, so a sweep refuses a bad rate before running any
@@ -80,6 +84,11 @@ class Cell:
             raise ValueError(f"duration must be positive (or unbounded), got {self.duration}")
         if self.requests is not None and self.requests < 1:
             raise ValueError(f"requests must be at least 1 (or unbounded), got {self.requests}")
+        if not self.tau_ms > 0 or not self.lambda_max >= 0:
+            raise ValueError(
+                f"the capacity price needs tau_ms > 0 and lambda_max >= 0, got "
+                f"{self.tau_ms} and {self.lambda_max}"
+            )
 
     @property
     def key(self) -> str:
@@ -106,6 +115,8 @@ class Cell:
                 remote_margin_rtt=self.remote_margin_rtt,
                 pending_credit=self.pending_credit,
                 prefix_chain=self.prefix_chain,
+                tau_ms=self.tau_ms,
+                lambda_max=self.lambda_max,
             ),
             eviction=EvictionPolicy(self.eviction),
             time_limit_s=self.duration,

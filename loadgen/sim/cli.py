@@ -16,7 +16,7 @@ from kvcompass.loadgen.sim.cell import ABLATIONS, Cell, run_cell
 from kvcompass.loadgen.sim.grid import product, run_grid
 from kvcompass.loadgen.sim.records import SimResult
 from kvcompass.loadgen.workloads import WORKLOADS
-from kvcompass.routing import POLICY_NAMES, RoutingConfig
+from kvcompass.routing import PAPER_PRICE, POLICY_NAMES, RoutingConfig
 from kvcompass.worker import EvictionPolicy
 
 __all__ = ["main", "parser"]
@@ -68,6 +68,21 @@ def _cell_arguments(p: argparse.ArgumentParser, sweep: bool) -> None:
         help="beyond the paper: KVCompass counts a worker's index hit at a length only if "
         "it also hit at the region's previous length, turning away false locators "
         "(--no-prefix-chain: the paper's lookup; on by default, as the router ships)",
+    )
+    g.add_argument(
+        "--tau-ms",
+        type=float,
+        default=RoutingConfig.tau_ms,
+        help="τ of KVCompass's capacity price λ = min(λmax, min queue / τ) (default "
+        f"%(default)s ms, as the router ships; the paper cells' reading of the paper: "
+        f"{PAPER_PRICE['tau_ms']:g})",
+    )
+    g.add_argument(
+        "--lambda-max",
+        type=float,
+        default=RoutingConfig.lambda_max,
+        help="λmax, the capacity price's cap (default %(default)s, as the router ships; the "
+        f"paper's: {PAPER_PRICE['lambda_max']:g})",
     )
     g.add_argument("--update-delay-ms", type=float, default=0.0, help="MU → edge patch delay")
     g.add_argument("--update-loss", type=float, default=0.0, help="patch batch loss (0..1)")

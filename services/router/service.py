@@ -60,6 +60,8 @@ def routing_policy(
         pending_credit=settings.pending_credit,
         pending_slack_s=settings.pending_slack_s,
         prefix_chain=settings.prefix_chain,
+        tau_ms=settings.tau_ms,
+        lambda_max=settings.lambda_max,
     )
     return make_policy(
         settings.policy, topology, settings.region, reader, config=config, clock=clock

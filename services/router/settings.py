@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvcompass.routing import RoutingConfig
+from kvcompass.routing import PAPER_PRICE, RoutingConfig
 from kvcompass.services.settings import PipelineSettings
 from kvcompass.settings import setting
 
@@ -53,6 +53,17 @@ class RouterSettings(PipelineSettings):
         "Beyond the paper: KVCompass counts a worker's index hit at a length only if the "
         "worker also hit at the region's previous length, which turns away most false "
         "locators of the keyless index (false: the paper's lookup, every hit counts).",
+    )
+    tau_ms: float = setting(
+        RoutingConfig.tau_ms,
+        "τ of KVCompass's capacity price λ = min(λmax, least queue estimate / τ), in ms. "
+        "Beyond the paper, the default prices recomputation steeply once no worker is idle "
+        f"(the paper's price: τ {PAPER_PRICE['tau_ms']:g} ms with λmax "
+        f"{PAPER_PRICE['lambda_max']:g}; see loadgen/reports/README.md, 'The capacity price "
+        "as shipped').",
+    )
+    lambda_max: float = setting(
+        RoutingConfig.lambda_max, "λmax, the cap of KVCompass's capacity price (see KVC_TAU_MS)."
     )
     worker_endpoints: str = setting(
         "",
@@ -115,5 +126,9 @@ class RouterSettings(PipelineSettings):
             raise self.invalid("remote_margin_rtt", "must be >= 0")
         if not self.pending_slack_s >= 0:
             raise self.invalid("pending_slack_s", "must be >= 0")
+        if not self.tau_ms > 0:
+            raise self.invalid("tau_ms", "must be positive")
+        if not self.lambda_max >= 0:
+            raise self.invalid("lambda_max", "must be >= 0")
         if self.max_body_bytes < 1024:
             raise self.invalid("max_body_bytes", "must be at least 1024")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kvcompass.loadgen.reports import fig12, shipped_grid
-from kvcompass.loadgen.reports.cells import paper_cell, rates_of
+from kvcompass.loadgen.reports.cells import PAPER_ROUTING, paper_cell, rates_of
 from kvcompass.loadgen.reports.runs import Run
 from kvcompass.loadgen.sim.cell import Cell
 from kvcompass.routing import RoutingConfig
@@ -81,17 +81,21 @@ def test_cells_are_both_figures_plus_the_shipped_kvcompass_at_each_point() -> No
     ]
     extra = [c for c in grid if c not in set(base)]
     shipped = RoutingConfig()
-    assert {
-        "remote_margin_rtt": shipped.remote_margin_rtt,
-        "pending_credit": shipped.pending_credit,
-        "prefix_chain": shipped.prefix_chain,
-    } == shipped_grid.SHIPPED
-    assert {(c.policy, c.remote_margin_rtt, c.pending_credit, c.prefix_chain) for c in extra} == {
-        ("kvcompass", shipped.remote_margin_rtt, shipped.pending_credit, shipped.prefix_chain)
-    }
+    knobs = ("remote_margin_rtt", "pending_credit", "prefix_chain", "tau_ms", "lambda_max")
+    assert {k: getattr(shipped, k) for k in knobs} == shipped_grid.SHIPPED
+
+    def settings(c: Cell) -> dict[str, Any]:
+        return {k: getattr(c, k) for k in knobs}
+
+    assert all(c.policy == "kvcompass" and settings(c) == shipped_grid.SHIPPED for c in extra)
     ours = [c for c in base if c.policy == "kvcompass"]
-    assert {(c.remote_margin_rtt, c.pending_credit, c.prefix_chain) for c in ours} == {
-        (0.0, False, False)
+    assert all(settings(c) == PAPER_ROUTING for c in ours)
+    assert PAPER_ROUTING == {
+        "remote_margin_rtt": 0.0,
+        "pending_credit": False,
+        "prefix_chain": False,
+        "tau_ms": 350.0,
+        "lambda_max": 8.0,
     }
     assert sorted((c.topology, c.workload, c.rate) for c in extra) == sorted(
         (c.topology, c.workload, c.rate) for c in ours

@@ -157,3 +157,29 @@ def test_the_prefix_chain_setting_reaches_kvcompass(value: str, on: bool) -> Non
 def test_a_bad_prefix_chain_setting_names_its_variable() -> None:
     with pytest.raises(ConfigError, match="KVC_PREFIX_CHAIN"):
         RouterSettings.from_env({"KVC_REGION": "us", "KVC_PREFIX_CHAIN": "sometimes"})
+
+
+def test_the_capacity_price_settings_reach_kvcompass_score() -> None:
+    topology = load_builtin("testbed-3region")
+    env = {"KVC_REGION": topology.regions[0].name, "KVC_TAU_MS": "350", "KVC_LAMBDA_MAX": "8"}
+    settings = RouterSettings.from_env(env)
+    policy = routing_policy(settings, topology, StubReader(len(topology.workers)), ManualClock())
+    assert isinstance(policy, KVCompassPolicy)
+    assert (policy.score.tau_ms, policy.score.lambda_max) == (350.0, 8.0)
+    assert policy.score.price([700.0] * len(topology.workers)) == pytest.approx(2.0)
+    shipped = routing_policy(
+        RouterSettings.from_env({"KVC_REGION": topology.regions[0].name}),
+        topology,
+        StubReader(len(topology.workers)),
+        ManualClock(),
+    )
+    assert isinstance(shipped, KVCompassPolicy)
+    assert shipped.score.price([700.0] * len(topology.workers)) == pytest.approx(70.0)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"), [("KVC_TAU_MS", "0"), ("KVC_TAU_MS", "nan"), ("KVC_LAMBDA_MAX", "-1")]
+)
+def test_a_bad_capacity_price_setting_names_its_variable(variable: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=variable):
+        RouterSettings.from_env({"KVC_REGION": "us", variable: value})

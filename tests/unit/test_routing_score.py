@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from kvcompass.index.layout import Tier
 from kvcompass.pipeline.clock import ManualClock
-from kvcompass.routing import Ablations, Candidate, KVCompassPolicy, RoutingConfig
+from kvcompass.routing import PAPER_PRICE, Ablations, Candidate, KVCompassPolicy, RoutingConfig
 from kvcompass.routing.score import JointScore
 from kvcompass.routing.testing import (
     A0,
@@ -35,10 +35,12 @@ from kvcompass.topology import Topology
 def policy(
     topology: Topology, reader: StubReader, ablations: Ablations | None = None
 ) -> KVCompassPolicy:
-    """A KVCompass policy for origin "a" with the paper's score (no remote margin; that is
-    tested on its own), migration off (likewise)."""
+    """A KVCompass policy for origin "a" with the paper's score (no remote margin, the
+    paper's capacity price; each is tested on its own), migration off (likewise)."""
     no_migration = dataclasses.replace(ablations or Ablations(), migration=False)
-    config = RoutingConfig(ablations=no_migration, remote_margin_rtt=0.0, pending_credit=False)
+    config = RoutingConfig(
+        ablations=no_migration, remote_margin_rtt=0.0, pending_credit=False, **PAPER_PRICE
+    )
     return kvcompass_policy(topology, reader, ManualClock(), config)
 
 
@@ -154,6 +156,33 @@ def test_capacity_price_is_capped_and_has_slope_one_over_tau() -> None:
     assert s.price([0.0, 3500.0, 3500.0, 3500.0]) == 0.0
     assert s.price([175.0, 900.0, 900.0, 900.0]) == pytest.approx(0.5)
     assert JointScore(TOY, "a", Ablations(load_aware=False), 8.0, 350.0).price([3500.0] * 4) == 0
+
+
+@pytest.mark.parametrize("least_queue_ms", [0.0, 500.0])
+def test_the_shipped_price_keeps_a_busier_holder_only_once_no_worker_is_idle(
+    least_queue_ms: float,
+) -> None:
+    """a-0 holds half the prompt behind 1.5 s of queue; a-1 holds nothing. With an idle
+    worker (a-1 at 0 ms) both prices are 0 and a-1 wins. Once every worker is busy the
+    paper's price (λ = 500/350) still trades the second of queue for the recomputation;
+    the shipped one (λ = 500/10 = 50) keeps the request on the holder."""
+    reader = StubReader(4)
+    reader.hold(A0, 1000)
+    paper = policy(TOY, reader)
+    config = RoutingConfig(remote_margin_rtt=0.0, pending_credit=False)
+    shipped = kvcompass_policy(TOY, reader, ManualClock(), config)
+    for p in (paper, shipped):
+        set_queues(p, "a", w0=1500.0, w1=least_queue_ms)
+        set_queues(p, "b", w2=3000.0, w3=3000.0)
+    by_paper = paper.decide(request(tokens(2000)))
+    by_shipped = shipped.decide(request(tokens(2000)))
+    assert by_paper.worker_id == "a-1"
+    if least_queue_ms == 0.0:
+        assert (by_paper.lam, by_shipped.lam) == (0.0, 0.0)
+        assert by_shipped.worker_id == "a-1"
+    else:
+        assert by_shipped.lam == pytest.approx(50.0)
+        assert by_shipped.worker_id == "a-0"
 
 
 @settings(max_examples=200, deadline=None)

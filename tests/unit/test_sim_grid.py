@@ -169,3 +169,23 @@ def test_a_cell_hands_its_switch_to_kvcompass_and_the_paper_cells_turn_it_off(kn
     paper = paper_cell("kvcompass", 100)
     assert not getattr(paper.sim_config(topology).routing, knob)  # the paper's KVCompass
     assert f"{knob}=False" in paper.key
+
+
+def test_a_cell_hands_its_capacity_price_to_kvcompass_and_the_paper_cells_pin_the_papers() -> None:
+    topology = topology_of("sim-8region")
+    shipped = Cell("kvcompass", 100).sim_config(topology).routing
+    assert (shipped.tau_ms, shipped.lambda_max) == (10.0, 80.0)  # as the router ships
+    paper = paper_cell("kvcompass", 100)
+    routing = paper.sim_config(topology).routing
+    assert (routing.tau_ms, routing.lambda_max) == (350.0, 8.0)
+    assert "tau_ms=350.0" in paper.key
+    assert "lambda_max=8.0" in paper.key
+    other = Cell("kvcompass", 100, tau_ms=35.0)
+    assert other.sim_config(topology).routing.tau_ms == 35.0
+    assert "tau_ms=35.0" in other.key
+
+
+@pytest.mark.parametrize(("tau_ms", "lambda_max"), [(0.0, 8.0), (-1.0, 8.0), (10.0, -0.5)])
+def test_a_cell_refuses_a_capacity_price_without_meaning(tau_ms: float, lambda_max: float) -> None:
+    with pytest.raises(ValueError, match="capacity price"):
+        Cell("kvcompass", 100, tau_ms=tau_ms, lambda_max=lambda_max)

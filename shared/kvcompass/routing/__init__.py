@@ -4,9 +4,9 @@ Core only: no I/O, time from an injected clock. :func:`make_policy` builds a pol
 name; the edge router drives it through :class:`RoutingPolicy`. The "kvcompass" policy
 scores every worker by the joint score (:mod:`.score`) with cache belief (:mod:`.belief`),
 queue estimates (:mod:`.queues`), hot-prefix migration (:mod:`.migration`) and, beyond
-the paper, credit for prefixes it has just sent (:mod:`.pending`) and chained lookups
-(``RoutingConfig.prefix_chain``). The paper's baselines (:mod:`.baselines`) are
-policies of the same interface.
+the paper, credit for prefixes it has just sent (:mod:`.pending`), chained lookups
+(``RoutingConfig.prefix_chain``) and a steeper capacity price (``RoutingConfig.tau_ms``).
+The paper's baselines (:mod:`.baselines`) are policies of the same interface.
 """
 
 from kvcompass.routing.baselines import (
@@ -22,7 +22,7 @@ from kvcompass.routing.baselines import (
     SkyWalker,
 )
 from kvcompass.routing.belief import CacheBelief
-from kvcompass.routing.config import Ablations, RoutingConfig
+from kvcompass.routing.config import PAPER_PRICE, Ablations, RoutingConfig
 from kvcompass.routing.factory import NEEDS_READER, POLICY_NAMES, make_policy
 from kvcompass.routing.kvcompass import KVCompassPolicy
 from kvcompass.routing.migration import HotPrefixTracker, MigrationOrder, MigrationPlanner
@@ -46,6 +46,7 @@ from kvcompass.routing.world import WorldView
 
 __all__ = [
     "NEEDS_READER",
+    "PAPER_PRICE",
     "POLICY_NAMES",
     "Ablations",
     "CacheBelief",
