@@ -186,7 +186,10 @@ def figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
             ax.set_xlabel("load (× λ0)")
             ax.set_ylabel("P99 TTFT ÷ best other scheme's")
             ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=7)
+    # One legend for all panels, below them: per panel it would hide their points.
+    handles, labels = (axes[0][0] if len(topologies) > 1 else axes[0]).get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=9)
+    fig.set_layout_engine("tight", rect=(0, 0.05, 1, 0.95))
     total = tally.get("total", {})
     fig.suptitle(
         "KVCompass's P99 TTFT over the best of the ten other schemes (below 1: lowest of all); "
