@@ -105,6 +105,10 @@ ARTEFACTS: dict[str, tuple[str, Maker]] = {
         "beyond the paper: KVCompass as shipped vs the paper's score, Figs. 12 + 16 (sim)",
         _simulated("shipped_grid"),
     ),
+    "price": (
+        "beyond the paper: KVCompass at each capacity price, Figs. 12 + 16 (sim)",
+        _simulated("price"),
+    ),
     "peak": ("peak load factor, KVCompass vs Oracle, on long runs (sim)", _simulated("peak")),
     "table4": ("WAN jitter, update loss/delay, loss with resync (sim)", _simulated("table4")),
 }
@@ -153,6 +157,7 @@ ALL_ORDER = (
     "fig15",
     "fig16",
     "shipped-grid",
+    "price",
     "peak",
     "table4",
     "table5",

@@ -36,6 +36,7 @@ def test_all_makes_every_artefact_once_fig12_before_its_readers_and_copies_pngs(
     assert made.index("fig12") < min(made.index(n) for n in readers)
     assert made.index("headline") < made.index("margin")
     assert max(made.index(n) for n in ("fig12", "fig16", "margin")) < made.index("shipped-grid")
+    assert made.index("shipped-grid") < made.index("price")
     assert sorted(p.name for p in figures.iterdir()) == sorted(f"{n}.png" for n in made)
 
 
@@ -58,6 +59,7 @@ SIMULATED = (
     "fig14",
     "fig15",
     "shipped-grid",
+    "price",
     "peak",
     "table4",
 )
