@@ -29,16 +29,19 @@ from kvcompass.loadgen.sim.cell import Cell, write_cell
 from kvcompass.loadgen.sim.grid import CellRunner
 from kvcompass.routing import PAPER_PRICE, RoutingConfig
 
-__all__ = ["PRICES", "cells", "figure", "run_price", "tabulate"]
+__all__ = ["PAPER", "PRICES", "SHIPPED", "cells", "figure", "run_price", "tabulate"]
 
-#: (τ ms, λmax): the paper's price, steeper slopes with a higher cap, the steep slope
-#: under the paper's cap, and what the router ships.
+#: (τ ms, λmax) of the paper's evaluation and of the router.
+PAPER = (PAPER_PRICE["tau_ms"], PAPER_PRICE["lambda_max"])
+SHIPPED = (RoutingConfig.tau_ms, RoutingConfig.lambda_max)
+#: The paper's price, steeper slopes with a higher cap, the steep slope under the
+#: paper's cap, and what the router ships.
 PRICES: tuple[tuple[float, float], ...] = (
-    (PAPER_PRICE["tau_ms"], PAPER_PRICE["lambda_max"]),
+    PAPER,
     (100.0, 80.0),
     (35.0, 80.0),
-    (10.0, PAPER_PRICE["lambda_max"]),
-    (RoutingConfig.tau_ms, RoutingConfig.lambda_max),
+    (10.0, PAPER[1]),
+    SHIPPED,
 )
 COLUMNS = (
     "tau_ms",
@@ -53,9 +56,7 @@ COLUMNS = (
 
 
 def prices(quick: bool) -> tuple[tuple[float, float], ...]:
-    shipped = (RoutingConfig.tau_ms, RoutingConfig.lambda_max)
-    paper = (PAPER_PRICE["tau_ms"], PAPER_PRICE["lambda_max"])
-    return (paper, shipped) if quick else PRICES
+    return (PAPER, SHIPPED) if quick else PRICES
 
 
 def cells(quick: bool) -> list[Cell]:
@@ -90,7 +91,6 @@ def tabulate(runs: Mapping[Cell, Run]) -> list[dict[str, Any]]:
             others.setdefault(point, []).append(run.summary)
         elif _shipped_but_price(cell):
             ours.setdefault((cell.tau_ms, cell.lambda_max), {})[point] = run.summary
-    shipped = (RoutingConfig.tau_ms, RoutingConfig.lambda_max)
     rows = []
     for price in sorted(ours, key=lambda p: (-p[0], p[1])):
         points = [p for p in ours[price] if others.get(p)]
@@ -109,7 +109,7 @@ def tabulate(runs: Mapping[Cell, Run]) -> list[dict[str, Any]]:
             {
                 "tau_ms": price[0],
                 "lambda_max": price[1],
-                "shipped": price == shipped,
+                "shipped": price == SHIPPED,
                 "points": len(points),
                 "lowest_p99": lowest,
                 "highest_throughput": highest,
