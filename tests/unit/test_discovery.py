@@ -498,9 +498,13 @@ def test_query_lengths_follow_the_plan() -> None:
 def test_chained_lookups_keep_true_matches_and_turn_away_most_false_locators() -> None:
     """No fingerprints (the paper's index): a never-inserted key answers whatever occupied
     cell it lands on. Chained, a hit counts only where the worker also hit at the
-    region's previous length: true holders keep their whole match, while a false
-    locator past a region's first length needs the same worker named by consecutive
-    false hits, which is an order of magnitude rarer."""
+    region's previous length, or, at a remote region's first length, at the guard (the
+    longest length the region registers below it): true holders keep their whole match,
+    while a false locator needs the same worker named by consecutive false hits, which
+    is an order of magnitude rarer past the first length. At a remote region's first
+    length only the guard stands before it, and in regions of 2 and 4 workers a false
+    hit names a given worker often, so it turns away fewer there. The edge's own region
+    starts at its shortest registered length, so its first length has no guard."""
     topology = load_builtin("testbed-3region")
     assert topology.index.fingerprint_bits == 0
     scenario = Scenario.new(topology, 1, 64)
@@ -523,14 +527,18 @@ def test_chained_lookups_keep_true_matches_and_turn_away_most_false_locators() -
         assert chained.lengths[worker] == plain.lengths[worker] > 0
 
     first = {r: lengths[0] for r, lengths in scenario.plan.queries_from("us").items()}
+    assert first["us"] == min(scenario.plan.registration_lengths["us"])
     past_first = {False: 0, True: 0}
+    remote_first = {False: 0, True: 0}
     for _ in range(300):
         alien = rng.integers(50_000, 100_000, 8192, dtype=np.uint32)  # never inserted
         for chain in (False, True):
             query = MultiLevelQuery.for_prompt(alien, "us", scenario.plan, NS, chained=chain)
             match = scenario.view.match(query)
-            past_first[chain] += sum(
-                n > first[w.region] for w, n in zip(topology.workers, match.lengths, strict=True)
-            )
+            for w, n in zip(topology.workers, match.lengths, strict=True):
+                past_first[chain] += n > first[w.region]
+                remote_first[chain] += n == first[w.region] and w.region != "us"
     assert past_first[False] > 1000
     assert past_first[True] * 8 < past_first[False]
+    assert remote_first[False] > 100
+    assert remote_first[True] * 2 < remote_first[False]

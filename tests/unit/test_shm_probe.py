@@ -70,10 +70,8 @@ def test_match_probes_decodes_like_the_python_decoder(chained: bool) -> None:
     owners = random.Random(4).sample(range(100), 32)
     workers = probe.table_workers([tuple(owners)])
     picked = keys[:40]
-    probes = np.array(
-        [(i, 0, 16 * (i + 1), 16 * i if chained else -1) for i in range(len(picked) + 5)],
-        np.int64,
-    )
+    after = [16 * i if chained else probe.UNCHECKED for i in range(len(picked) + 5)]
+    probes = np.array([(i, 0, 16 * (i + 1), a) for i, a in enumerate(after)], np.int64)
     lengths, tiers = np.zeros(100, np.int64), np.zeros(100, np.int64)
     touched = np.zeros(1, np.uint8)
     probe.match_probes(
@@ -98,3 +96,31 @@ def test_match_probes_decodes_like_the_python_decoder(chained: bool) -> None:
 
 def test_table_workers_pads_short_tables() -> None:
     assert probe.table_workers([(3, 4), (7,)]).tolist() == [[3, 4], [7, -1]]
+
+
+def test_a_guard_row_gates_the_next_row_and_credits_nothing() -> None:
+    """A guard (negative length) marks the workers it hits; the next row, whose ``after``
+    is that mark, credits only them; a mark no row extended is cleared with its tier."""
+    table, keys = _table(64, 0)
+    _buf, desc = _described(table.view_image())
+    owners = list(range(32))
+    rows = np.array([(0, 0, -16, probe.UNCHECKED), (1, 0, 32, -16)], np.int64)
+    lengths, tiers = np.zeros(32, np.int64), np.zeros(32, np.int64)
+    probe.match_probes(
+        desc,
+        1,
+        np.array(keys[:2], np.int64),
+        rows,
+        probe.table_workers([tuple(owners)]),
+        lengths,
+        tiers,
+        np.zeros(1, np.uint8),
+    )
+    guard, first = table.get(keys[0]), table.get(keys[1])
+    cases = set()
+    for w in owners:
+        at_guard, at_first = (guard >> (2 * w)) & 3, (first >> (2 * w)) & 3
+        cases.add((bool(at_guard), bool(at_first)))
+        want = (32, at_first) if at_guard and at_first else (0, 0)
+        assert (lengths[w], tiers[w]) == want, w
+    assert cases == {(True, True), (True, False), (False, True), (False, False)}

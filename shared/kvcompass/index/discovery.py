@@ -56,8 +56,9 @@ class MultiLevelQuery:
     """A prompt's keys at the lengths one edge queries, per target region, ascending.
 
     ``chained``: a worker's hit at a length counts only if it also hit at the region's
-    previous queried length (see :func:`kvcompass.index.probe.match_probes`), which
-    turns away most false locators; False: every hit counts (the paper's lookup).
+    previous queried length, or for the first one at the region's guard length when a
+    :class:`QueryPlanner` built the query (see :func:`kvcompass.index.probe.match_probes`),
+    which turns away most false locators; False: every hit counts (the paper's lookup).
     """
 
     per_region: Mapping[str, Sequence[tuple[int, int]]]
@@ -77,7 +78,14 @@ class MultiLevelQuery:
 
 
 class QueryPlanner:
-    """One edge's query lengths, resolved once; :meth:`query` is then per request."""
+    """One edge's query lengths, resolved once; :meth:`query` is then per request.
+
+    Chained, the planner also hashes each region's guard length: the longest length the
+    region's workers register below the first one this edge queries there (none for a
+    region whose first queried length is its shortest registered one). A worker's hit at
+    that first length then counts only if it also hit at the guard, which credits
+    nothing itself (:func:`kvcompass.index.probe.match_probes`).
+    """
 
     def __init__(
         self, plan: LevelPlan, edge_region: str, namespace: Namespace, chained: bool = False
@@ -85,13 +93,21 @@ class QueryPlanner:
         self.edge_region = edge_region
         self.namespace = namespace
         self.chained = chained
-        self._hasher = PrefixHasher(plan.all_query_lengths(edge_region), namespace, plan.key_hash)
+        queries = plan.queries_from(edge_region)
+        guards = {
+            region: guard
+            for region, lengths in queries.items()
+            if chained and (guard := _guard_length(plan.registration_lengths[region], lengths))
+        }
+        lengths = sorted(set(plan.all_query_lengths(edge_region)) | set(guards.values()))
+        self._hasher = PrefixHasher(lengths, namespace, plan.key_hash)
         at = {c: i for i, c in enumerate(self._hasher.lengths)}
         self._shape = _shape(
             tuple(
                 (region, tuple((c, at[c]) for c in lengths if c in at))
-                for region, lengths in plan.queries_from(edge_region).items()
-            )
+                for region, lengths in queries.items()
+            ),
+            tuple((region, (g, at[g])) for region, g in guards.items()),
         )
 
     def query(self, tokens: TokenIds) -> MultiLevelQuery:
@@ -99,17 +115,30 @@ class QueryPlanner:
         return MultiLevelQuery(regions, self.chained)
 
 
+def _guard_length(registered: Sequence[int], queried: Sequence[int]) -> int:
+    """The longest registered length below the first queried one (0: none)."""
+    if not queried:
+        return 0
+    return max((c for c in registered if c < queried[0]), default=0)
+
+
 class _Shape:
-    """Per target region of a planner, its query lengths and where their keys sit in the
-    planner's key list. Equal for equal plans, so that a reader keeps one set of probe
-    rows per plan (:class:`MatchProbes`), whichever of its planners asks."""
+    """Per target region of a planner, its query lengths and guard length, and where
+    their keys sit in the planner's key list. Equal for equal plans, so that a reader
+    keeps one set of probe rows per plan (:class:`MatchProbes`), whichever of its
+    planners asks."""
 
-    __slots__ = ("_hash", "_key", "regions")
+    __slots__ = ("_hash", "_key", "guards", "regions")
 
-    def __init__(self, regions: tuple[tuple[str, tuple[tuple[int, int], ...]], ...]) -> None:
+    def __init__(
+        self,
+        regions: tuple[tuple[str, tuple[tuple[int, int], ...]], ...],
+        guards: tuple[tuple[str, tuple[int, int]], ...],
+    ) -> None:
         self.regions = dict(regions)
-        self._key = regions
-        self._hash = hash(regions)
+        self.guards = dict(guards)
+        self._key = (regions, guards)
+        self._hash = hash(self._key)
 
     def __eq__(self, other: object) -> bool:
         return self is other or (isinstance(other, _Shape) and self._key == other._key)
@@ -119,10 +148,13 @@ class _Shape:
 
 
 @functools.lru_cache(maxsize=256)
-def _shape(regions: tuple[tuple[str, tuple[tuple[int, int], ...]], ...]) -> _Shape:
+def _shape(
+    regions: tuple[tuple[str, tuple[tuple[int, int], ...]], ...],
+    guards: tuple[tuple[str, tuple[int, int]], ...],
+) -> _Shape:
     """One shape object per plan, shared by its planners (one per namespace): a reader
     then finds the plan's rows by identity, not by comparing every length."""
-    return _Shape(regions)
+    return _Shape(regions, guards)
 
 
 class _PlannedRegions(Mapping[str, list[tuple[int, int]]]):
@@ -156,9 +188,11 @@ class MatchProbes:
     :meth:`rows` gives the query's keys and (key index, table id, length, after) rows per
     table of each region the query names, by ascending length, so that
     :func:`kvcompass.index.probe.match_probes` lets a longer match overwrite a shorter
-    one (``after``: the region's previous length for a chained query, else -1);
-    ``workers`` maps its table fields to global workers. Both readers, the in-process
-    view and the shared-memory one, probe through it.
+    one (``after``: the region's previous length for a chained query, else
+    :data:`~kvcompass.index.probe.UNCHECKED`); a planned chained query's region starts
+    with its guard row (:class:`QueryPlanner`). ``workers`` maps its table fields to
+    global workers. Both readers, the in-process view and the shared-memory one, probe
+    through it.
     """
 
     def __init__(self, layout: IndexLayout) -> None:
@@ -179,7 +213,7 @@ class MatchProbes:
             planned = (regions.shape, query.chained)
             probes = self._planned.get(planned)
             if probes is None:
-                probes = self._rows(regions.shape.regions, query.chained)
+                probes = self._rows(regions.shape.regions, query.chained, regions.shape.guards)
                 self._planned[planned] = probes
             return np.array(regions.key_list, np.int64), probes
         keys: list[int] = []
@@ -187,10 +221,13 @@ class MatchProbes:
         for region, pairs in regions.items():
             indexed[region] = [(c, i) for i, (c, _) in enumerate(pairs, len(keys))]
             keys += [key for _, key in pairs]
-        return np.array(keys, np.int64), self._rows(indexed, query.chained)
+        return np.array(keys, np.int64), self._rows(indexed, query.chained, {})
 
     def _rows(
-        self, regions: Mapping[str, Sequence[tuple[int, int]]], chained: bool
+        self,
+        regions: Mapping[str, Sequence[tuple[int, int]]],
+        chained: bool,
+        guards: Mapping[str, tuple[int, int]],
     ) -> NDArray[np.int64]:
         flat: list[int] = []
         extend = flat.extend
@@ -199,10 +236,15 @@ class MatchProbes:
             tables = region_tables.get(region)
             if tables is None:
                 raise BadInput(f"query names region {region!r}, not one of this index")
+            guard = guards.get(region)
             for table in tables:
                 after = 0
+                if guard is not None:  # a negative length: the kernel credits no guard
+                    length, at = guard
+                    extend((at, table, -length, probe.UNCHECKED))
+                    after = -length
                 for length, at in pairs:
-                    extend((at, table, length, after if chained else -1))
+                    extend((at, table, length, after if chained else probe.UNCHECKED))
                     after = length
         return np.array(flat, dtype=np.int64).reshape(-1, 4)
 

@@ -34,12 +34,15 @@ from kvcompass.index.image import ImageLayout
 from kvcompass.index.kernel import mix64_compiled as _mix64
 from kvcompass.keys import SHARD_SALT
 
-__all__ = ["N_COLUMNS", "describe", "match_probes", "table_workers", "warm_up"]
+__all__ = ["N_COLUMNS", "UNCHECKED", "describe", "match_probes", "table_workers", "warm_up"]
 
 # Descriptor columns (uint64).
 _SEEDS, _CELLS, _WORDS, _FPS, _CELL_BYTES, _NB, _MA, _MB = range(8)
 _BSEED, _OSEED, _SSEED, _FSEED, _FSHIFT = range(8, 13)
 N_COLUMNS: Final = 13
+
+#: A probe row's ``after`` when the row's hits count whatever the worker matched before.
+UNCHECKED: Final = np.iinfo(np.int64).min
 
 _U32 = np.uint64(32)
 _U6 = np.uint64(6)
@@ -123,10 +126,15 @@ def match_probes(
 ) -> None:
     """Probe (key index, table id, length, after) rows in order: a later nonzero field
     of a worker overwrites an earlier one, so give each table's probes by ascending
-    length. With ``after`` >= 0 a field counts only if its worker's match so far is
-    exactly ``after`` (the previous length queried in that region): a worker holding a
-    prefix holds every shorter one, so a hit that does not extend the worker's chain is
-    a false locator (a never-inserted key landing on an occupied cell). -1: no check.
+    length. Unless ``after`` is :data:`UNCHECKED`, a field counts only if its worker's
+    match so far is exactly ``after`` (the previous length queried in that region): a
+    worker holding a prefix holds every shorter one, so a hit that does not extend the
+    worker's chain is a false locator (a never-inserted key landing on an occupied cell).
+
+    A negative length marks a guard: a hit there records ``length`` for the chain's next
+    row to check (``after`` = ``length``) but credits nothing, as every negative length
+    is cleared to 0 (and its tier with it) once all rows are probed. A guard at a
+    shorter length the workers register lets the chain check its first queried length.
 
     A row whose key index is past the end of ``keys`` is skipped: an edge's rows cover
     its every query length, and a prompt has keys only up to its own length.
@@ -153,11 +161,15 @@ def match_probes(
             tier = np.int64(value & _U3)
             if tier:
                 w = workers[table, field]
-                if after < 0 or lengths[w] == after:
+                if after == UNCHECKED or lengths[w] == after:
                     lengths[w] = probes[i, 2]
                     tiers[w] = tier
             value >>= _U2
             field += 1
+    for w in range(len(lengths)):
+        if lengths[w] < 0:  # a guard's mark that no row extended
+            lengths[w] = 0
+            tiers[w] = 0
 
 
 def describe(row: NDArray[np.uint64], base: int, g: TableGeometry, layout: ImageLayout) -> None:
