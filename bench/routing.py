@@ -9,7 +9,8 @@ workers that cached some of the prompts, publishes it through a SharedIndexWrite
 a spawned router process attaches a SharedIndexReader and times, per prompt and side by
 side (interleaved, so the shared machine's noise hits all alike):
 
-- ``keys``: the edge's keys at every query length (``QueryPlanner.query``);
+- ``keys``: the edge's keys at every query length and, as the router ships the prefix
+  chain, every guard length (``QueryPlanner.query``);
 - ``shm_match``: keys + ``SharedIndexReader.match``, the router's lookup;
 - ``view_match``: keys + the in-process ``DiscoveryView.match`` (the same compiled
   match without the shared-memory read section);
@@ -52,13 +53,13 @@ import numpy as np
 import xxhash
 from numpy.typing import NDArray
 
-from kvcompass.index.discovery import DiscoveryView, Match, QueryPlanner
+from kvcompass.index.discovery import DiscoveryView, Match, MatchProbes, QueryPlanner
 from kvcompass.index.layout import IndexLayout, Tier
 from kvcompass.index.shard_tables import ShardTables
 from kvcompass.keys import DEFAULT_KEY_HASH, KeyHash, Namespace, prefix_keys, shard_of_array
 from kvcompass.levels import plan_levels
 from kvcompass.pipeline.clock import SystemClock
-from kvcompass.routing import Decision, RouteRequest, make_policy
+from kvcompass.routing import Decision, RouteRequest, RoutingConfig, make_policy
 from kvcompass.shm import SharedIndexReader, SharedIndexWriter
 from kvcompass.topology import Topology, load_builtin
 
@@ -144,7 +145,8 @@ def _router(
             topology = _topology(topology_name, KeyHash(key_hash))
             layout = IndexLayout.from_topology(topology)
             edge = topology.regions[0].name
-            planner = QueryPlanner(plan_levels(topology), edge, NS)
+            chained = RoutingConfig.prefix_chain
+            planner = QueryPlanner(plan_levels(topology), edge, NS, chained)
             view = DiscoveryView.from_images(layout, SHARDS, images)
             reader = stack.enter_context(SharedIndexReader(prefix, layout))
             for prompt in prompts[:8]:  # maps every segment, warms caches
@@ -156,14 +158,12 @@ def _router(
                 "view_match": _matching(planner, view),
                 "decision": _policy_decide(topology, edge, reader),
             }
-            query = planner.query(prompts[0])
+            keys, rows = MatchProbes(layout).rows(planner.query(prompts[0]))
             facts[(topology_name, key_hash)] = {
                 "workers": len(topology.workers),
                 "tables": len(layout.tables),
-                "query_keys": len({k for pairs in query.per_region.values() for _, k in pairs}),
-                "probes": sum(
-                    len(ps) * len(layout.tables_of(r)) for r, ps in query.per_region.items()
-                ),
+                "query_keys": len(keys),
+                "probes": int((rows[:, 0] < len(keys)).sum()),  # the kernel skips the rest
             }
         for variants in timed.values():
             for prompt in prompts[:8]:

@@ -51,8 +51,10 @@ class RouterSettings(PipelineSettings):
     prefix_chain: bool = setting(
         RoutingConfig.prefix_chain,
         "Beyond the paper: KVCompass counts a worker's index hit at a length only if the "
-        "worker also hit at the region's previous length, which turns away most false "
-        "locators of the keyless index (false: the paper's lookup, every hit counts).",
+        "worker also hit at the region's previous length (at a region's first queried "
+        "length: at the longest length the region registers below it), which turns away "
+        "most false locators of the keyless index (false: the paper's lookup, every hit "
+        "counts).",
     )
     tau_ms: float = setting(
         RoutingConfig.tau_ms,

@@ -103,14 +103,17 @@ class RoutingConfig:
     #: index's lag and the estimate's error (0.1, 0.5 and 2 s measured alike at 3 λ0).
     pending_slack_s: float = 0.5
     #: Beyond the paper (False: its lookup): a worker's hit at an indexed length counts
-    #: only if it also hit at the previous length queried in its region. A worker that
-    #: holds a prefix holds every shorter one, so a hit that breaks the chain is a false
+    #: only if it also hit at the previous length queried in its region, or, at a
+    #: region's first queried length, at the guard: the longest length the region
+    #: registers below it (hashed and probed, never credited). A worker that holds a
+    #: prefix holds every shorter one, so a hit that breaks the chain is a false
     #: locator: a never-inserted key (most of a long prompt's) landing on an occupied
     #: Ludo cell. Costs no memory (``kvcompass.index.probe.match_probes``). On Fig. 12's
     #: cells it cut the requests sent on a false claim from 2.3-5.1 % to 0.07-1.0 %
     #: (Mixed), and with the margin and pending credit KVCompass had the lowest P99 TTFT
     #: of all schemes at 40 of Figs. 12 and 16's 42 points (35 without it; ``kvcompass
-    #: report shipped-grid`` and ``table5``). The paper's evaluation pins False.
+    #: report shipped-grid`` and ``table5``). The guard took Mixed at 2-3 λ0 with the
+    #: steeper price from 1.3-1.6 % to 0.22-0.46 %. The paper's evaluation pins False.
     prefix_chain: bool = True
     ablations: Ablations = field(default_factory=Ablations)
 
