@@ -489,6 +489,14 @@ def test_query_lengths_follow_the_plan() -> None:
         "asia": [2976, 4448, 5936],
     }
     assert QueryPlanner(plan, "us", NS).query(tokens) == query
+    # Chained, each remote region's first length is guarded by the longest length its
+    # workers register below it (eu's lengths include asia's edges' 3520); "us" starts
+    # at its shortest registered length.
+    assert QueryPlanner(plan, "us", NS, chained=True).guard_lengths == {
+        "eu": 3520,
+        "asia": 2048,
+    }
+    assert QueryPlanner(plan, "us", NS).guard_lengths == {}
     assert MultiLevelQuery.for_prompt(tokens.tolist(), "us", plan, NS) == query
     keys = prefix_keys(tokens, [4096, 5648], NS)
     assert dict(query.per_region["us"])[4096] == keys[4096]

@@ -25,7 +25,7 @@ import pytest
 
 from kvcompass.errors import BadInput, ConfigError, Transient
 from kvcompass.index import LudoTable, SnapshotError, TablePatch, probe
-from kvcompass.index.discovery import DiscoveryView, Match, MultiLevelQuery
+from kvcompass.index.discovery import DiscoveryView, Match, MultiLevelQuery, QueryPlanner
 from kvcompass.index.layout import IndexLayout, Tier, with_tier
 from kvcompass.index.reader import IndexNotReady, IndexReader
 from kvcompass.keys import Namespace, prefix_keys, shard_of
@@ -292,7 +292,8 @@ def test_match_through_shared_memory_equals_the_in_process_view(
 ) -> None:
     """Registrations, tier changes and evictions, through table growth: the shared-memory
     reader answers every edge's queries exactly as the in-process view and a reference,
-    and their chained versions (``MultiLevelQuery.chained``) as the view."""
+    and their chained versions (``MultiLevelQuery.chained``, with the planner's guard
+    rows) as the view."""
     topology = topology_with(topology_name, value_bits)
     tables = Tables.empty(topology, n_shards, capacity=1)
     layout, plan = tables.layout, plan_levels(topology)
@@ -304,7 +305,10 @@ def test_match_through_shared_memory_equals_the_in_process_view(
     held: dict[tuple[int, int], Tier] = {}  # (worker, key) -> tier: the reference
     edges = [r.name for r in topology.regions[:3]]
     queries = [MultiLevelQuery.for_prompt(p, e, plan, NS) for p in prompts for e in edges]
-    chained = [MultiLevelQuery(q.per_region, chained=True) for q in queries]
+    chained = [
+        MultiLevelQuery.for_prompt(p, e, plan, NS, chained=True) for p in prompts for e in edges
+    ]
+    assert any(QueryPlanner(plan, e, NS, chained=True).guard_lengths for e in edges)
     with (
         SharedIndexWriter(prefix, n_shards, len(layout.tables)) as writer,
         SharedIndexReader(prefix, layout) as reader,
@@ -313,7 +317,7 @@ def test_match_through_shared_memory_equals_the_in_process_view(
             writer.load_table(shard, table, image)
         for shard in range(n_shards):
             writer.set_position(shard, seq=0, epoch=1)
-        found = 0
+        found = found_chained = 0
         for step in range(32):
             worker = int(rng.integers(len(topology.workers)))
             tokens = prompts[step % len(prompts)]
@@ -332,8 +336,11 @@ def test_match_through_shared_memory_equals_the_in_process_view(
                 assert got == expected_match(topology, query, held)
                 found += len(got.holders())
             for query in chained:
-                assert reader.match(query) == view.match(query)
+                got = reader.match(query)
+                assert got == view.match(query)
+                found_chained += len(got.holders())
         assert found > 0, "the queries should find holders"
+        assert found_chained > 0, "the chained queries should find holders"
         grown = [t for t in tables.tables.values() if t.geometry.generation > 0]
         assert grown, "tables should have grown while the reader followed"
 

@@ -110,6 +110,11 @@ class QueryPlanner:
             tuple((region, (g, at[g])) for region, g in guards.items()),
         )
 
+    @property
+    def guard_lengths(self) -> dict[str, int]:
+        """Each guarded region's guard length (none unless chained)."""
+        return {region: length for region, (length, _) in self._shape.guards.items()}
+
     def query(self, tokens: TokenIds) -> MultiLevelQuery:
         regions = _PlannedRegions(self._shape, self._hasher.key_list(tokens))
         return MultiLevelQuery(regions, self.chained)
