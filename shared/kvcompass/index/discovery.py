@@ -241,7 +241,7 @@ class MatchProbes:
             tables = region_tables.get(region)
             if tables is None:
                 raise BadInput(f"query names region {region!r}, not one of this index")
-            guard = guards.get(region)
+            guard = guards.get(region) if chained else None
             for table in tables:
                 after = 0
                 if guard is not None:  # a negative length: the kernel credits no guard
