@@ -28,6 +28,7 @@ from kvcompass.loadgen.driver import DriverConfig
 from kvcompass.loadgen.figures import ttft_figure
 from kvcompass.loadgen.records import RequestRecord
 from kvcompass.loadgen.replay import Replay, replay
+from kvcompass.loadgen.scenario import DemoScenario
 from kvcompass.loadgen.stack import ComponentFailed, LocalStack, StackConfig
 from kvcompass.loadgen.summary import RunSummary, render_side_by_side
 from kvcompass.loadgen.testing import PollTimeout, poll_until
@@ -41,7 +42,7 @@ from kvcompass.loadgen.workloads.request import bounded
 from kvcompass.routing import PAPER_PRICE, RoutingConfig
 from kvcompass.topology import Topology, builtin_names, load_builtin, load_topology
 
-__all__ = ["main"]
+__all__ = ["default_scenario", "demo_workload", "main"]
 
 BASELINE = "local-least-loaded"
 KVCOMPASS = "kvcompass"
@@ -119,6 +120,27 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def default_scenario() -> DemoScenario:
+    """What ``kvcompass demo`` replays without flags (its topology by built-in name)."""
+    args = _parser().parse_args([])
+    return _scenario(args, args.topology)
+
+
+def _scenario(args: argparse.Namespace, topology: str) -> DemoScenario:
+    return DemoScenario(
+        topology=topology,
+        seconds=args.seconds,
+        rate=args.rate,
+        seed=args.seed,
+        time_scale=args.time_scale,
+        remote_margin_rtt=args.remote_margin_rtt,
+        pending_credit=args.pending_credit,
+        prefix_chain=args.prefix_chain,
+        tau_ms=args.tau_ms,
+        lambda_max=args.lambda_max,
+    )
+
+
 def demo_workload(topology: Topology, seconds: float, rate: float, seed: int) -> list[LiveRequest]:
     """Tenants whose long documents and system prompts are shared by users in every
     region (origins by the regions' worker shares), so a region often asks for a prefix
@@ -150,6 +172,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.levels == "long-context"
         else load_builtin(args.topology)
     )
+    # Beside the records, for `kvcompass sim agree` (a file name: the folder may move).
+    recorded = Path(topology_ref).name if args.levels == "long-context" else args.topology
+    _scenario(args, recorded).write(out)
     requests = demo_workload(topology, args.seconds, args.rate, args.seed)
     tenants = sorted({r.tenant for r in requests})
     api_keys = {f"demo-key-{t}": t for t in tenants}

@@ -22,17 +22,19 @@ it, once with it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kvcompass.loadgen.demo import demo_workload
+from kvcompass.loadgen.demo import default_scenario, demo_workload
 from kvcompass.loadgen.records import RequestRecord, read_records
+from kvcompass.loadgen.scenario import SCENARIO_FILE, DemoScenario
 from kvcompass.loadgen.sim.cell import topology_of
 from kvcompass.loadgen.sim.config import SimConfig
 from kvcompass.loadgen.sim.records import SimRecord
@@ -41,7 +43,7 @@ from kvcompass.loadgen.workloads import LiveRequest
 from kvcompass.routing import RoutingConfig
 from kvcompass.topology import Topology
 
-__all__ = ["TOLERANCE", "Gap", "compare", "main", "measured_overhead"]
+__all__ = ["TOLERANCE", "Gap", "compare", "main", "measured_overhead", "scenario_of"]
 
 #: metric -> (kind, bound): "rel" |sim/live − 1| ≤ bound, "abs" |sim − live| ≤ bound.
 TOLERANCE: dict[str, tuple[str, float]] = {
@@ -164,32 +166,65 @@ def render(gaps: Sequence[Gap], facts: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _config(args: argparse.Namespace, topology: Topology, overhead: float) -> SimConfig:
+def scenario_of(folder: Path, given: Mapping[str, Any]) -> DemoScenario:
+    """The scenario the demo recorded in ``folder``, which the flags ``given`` may restate
+    but not contradict (ValueError naming both); without a recording, ``given`` over the
+    demo's defaults."""
+    recorded = DemoScenario.read(folder)
+    if recorded is None:
+        return dataclasses.replace(default_scenario(), **given)
+    for name, value in given.items():
+        theirs = getattr(recorded, name)
+        if name == "topology":
+            theirs = recorded.topology_ref(folder)
+            if _same_topology(value, theirs):
+                continue
+        elif value == theirs:
+            continue
+        flag = "--" + name.replace("_", "-")
+        raise ValueError(
+            f"{flag} {value} contradicts the demo's {theirs}, recorded in "
+            f"{folder / SCENARIO_FILE}: omit the flag"
+        )
+    return recorded
+
+
+def _same_topology(given: str, recorded: str) -> bool:
+    if given == recorded:
+        return True
+    mine, theirs = Path(given), Path(recorded)
+    return mine.is_file() and theirs.is_file() and mine.resolve() == theirs.resolve()
+
+
+def _config(
+    args: argparse.Namespace, scenario: DemoScenario, topology: Topology, overhead: float
+) -> SimConfig:
     return SimConfig(
         topology,
         policy=args.policy,
-        seed=args.seed,
+        seed=scenario.seed,
         update_delay_ms=args.update_delay_ms,
         serving_overhead_ms=overhead,
         routing=RoutingConfig(
-            remote_margin_rtt=args.remote_margin_rtt,
-            pending_credit=args.pending_credit,
-            prefix_chain=args.prefix_chain,
-            tau_ms=args.tau_ms,
-            lambda_max=args.lambda_max,
+            remote_margin_rtt=scenario.remote_margin_rtt,
+            pending_credit=scenario.pending_credit,
+            prefix_chain=scenario.prefix_chain,
+            tau_ms=scenario.tau_ms,
+            lambda_max=scenario.lambda_max,
         ),
     )
 
 
 def _measure(
     args: argparse.Namespace,
+    scenario: DemoScenario,
     topology: Topology,
     requests: Sequence[LiveRequest],
     live: Sequence[RequestRecord],
 ) -> float:
     """The overhead measured against the paper's model (printed)."""
-    paper = simulate(_config(args, topology, 0.0), requests).records
-    overhead, n = measured_overhead(paper, live, args.time_scale)
+    paper = simulate(_config(args, scenario, topology, 0.0), requests).records
+    overhead, n = measured_overhead(paper, live, scenario.time_scale)
     print(
         f"serving overhead {overhead:.1f} ms: the median of live TTFT minus the model's "
         f"over {n} requests the simulator ran unqueued on the live worker, same reuse"
@@ -204,44 +239,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--live", type=Path, required=True, help="records-<policy>.jsonl of the demo")
     p.add_argument("--policy", default="kvcompass", help="the policy of that live run")
-    p.add_argument(
-        "--topology", default="testbed-3region", help="the demo's topology (name or TOML)"
-    )
-    p.add_argument("--seconds", type=float, default=30.0, help="the demo's --seconds")
-    p.add_argument("--rate", type=float, default=3.0, help="the demo's --rate")
-    p.add_argument("--seed", type=int, default=7, help="the demo's --seed")
-    p.add_argument("--time-scale", type=float, default=1.0, help="the demo's --time-scale")
     p.add_argument("--update-delay-ms", type=float, default=0.0, help="MU → edge delay to model")
-    p.add_argument(
-        "--remote-margin-rtt",
-        type=float,
-        default=RoutingConfig.remote_margin_rtt,
-        help="the demo's --remote-margin-rtt (default %(default)s)",
+    demo = p.add_argument_group(
+        "the demo's scenario",
+        f"Read from the {SCENARIO_FILE} the demo wrote beside --live; a flag may restate "
+        "it, not contradict it. Without that file: these flags, defaulting to the demo's.",
     )
-    p.add_argument(
+    demo.add_argument("--topology", help="the demo's topology (name or TOML)")
+    demo.add_argument("--seconds", type=float, help="the demo's --seconds")
+    demo.add_argument("--rate", type=float, help="the demo's --rate")
+    demo.add_argument("--seed", type=int, help="the demo's --seed")
+    demo.add_argument("--time-scale", type=float, help="the demo's --time-scale")
+    demo.add_argument("--remote-margin-rtt", type=float, help="the demo's --remote-margin-rtt")
+    demo.add_argument(
         "--pending-credit",
         action=argparse.BooleanOptionalAction,
-        default=RoutingConfig.pending_credit,
-        help="the demo's --pending-credit (default on)",
+        help="the demo's --pending-credit",
     )
-    p.add_argument(
+    demo.add_argument(
         "--prefix-chain",
         action=argparse.BooleanOptionalAction,
-        default=RoutingConfig.prefix_chain,
-        help="the demo's --prefix-chain (default on)",
+        help="the demo's --prefix-chain",
     )
-    p.add_argument(
-        "--tau-ms",
-        type=float,
-        default=RoutingConfig.tau_ms,
-        help="the demo's --tau-ms (default %(default)s)",
-    )
-    p.add_argument(
-        "--lambda-max",
-        type=float,
-        default=RoutingConfig.lambda_max,
-        help="the demo's --lambda-max (default %(default)s)",
-    )
+    demo.add_argument("--tau-ms", type=float, help="the demo's --tau-ms")
+    demo.add_argument("--lambda-max", type=float, help="the demo's --lambda-max")
     p.add_argument(
         "--serving-overhead-ms",
         type=float,
@@ -249,18 +270,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--json", type=Path, help="write the gaps here as JSON")
     args = p.parse_args(argv)
+    folder = args.live.parent
+    given = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(DemoScenario)
+        if getattr(args, f.name) is not None
+    }
     try:
-        topology = topology_of(args.topology)
+        scenario = scenario_of(folder, given)
+        if not (folder / SCENARIO_FILE).exists():
+            print(
+                f"kvcompass sim agree: no {SCENARIO_FILE} beside {args.live}; simulating "
+                f"{scenario} (the flags, else the demo's defaults)",
+                file=sys.stderr,
+            )
+        topology = topology_of(scenario.topology_ref(folder))
         live = list(read_records(args.live))
-        requests = demo_workload(topology, args.seconds, args.rate, args.seed)
+        requests = demo_workload(topology, scenario.seconds, scenario.rate, scenario.seed)
         overhead = args.serving_overhead_ms
         if overhead is None:
-            overhead = _measure(args, topology, requests, live)
+            overhead = _measure(args, scenario, topology, requests, live)
     except (OSError, ValueError, KeyError) as exc:
         print(f"kvcompass sim agree: {exc}", file=sys.stderr)
         return 2
-    config = _config(args, topology, overhead)
-    gaps, facts = compare(simulate(config, requests).records, live, args.time_scale)
+    config = _config(args, scenario, topology, overhead)
+    gaps, facts = compare(simulate(config, requests).records, live, scenario.time_scale)
     facts["serving_overhead_ms"] = overhead
     print(render(gaps, facts))
     if args.json is not None:

@@ -9,10 +9,13 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from kvcompass.loadgen.demo import default_scenario
+from kvcompass.loadgen.scenario import DemoScenario
 from kvcompass.loadgen.stack import ComponentFailed, LocalStack, StackConfig
 from kvcompass.loadgen.testing import poll_until
 from kvcompass.topology import load_builtin
@@ -49,6 +52,11 @@ def test_readme_main_job_compares_both_routers_on_one_workload(tmp_path: Path) -
         assert len(lines) == sent
     assert (out / "summary.json").exists()
     assert (out / "ttft.png").stat().st_size > 10_000
+    # What `kvcompass sim agree` replays: the long-context topology the demo wrote.
+    scenario = DemoScenario.read(out)
+    assert scenario is not None, "the demo recorded no scenario"
+    assert scenario == replace(default_scenario(), topology=scenario.topology, seconds=8.0)
+    assert scenario.topology_ref(out) == str(out / "testbed-3region-long-context.toml")
     assert not _stack_segments(), "shared memory left behind"
 
 

@@ -4,12 +4,16 @@ the serving overhead it measures is the one a live run paid."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
+from kvcompass.loadgen.demo import default_scenario
 from kvcompass.loadgen.records import RequestRecord
+from kvcompass.loadgen.scenario import DemoScenario
 from kvcompass.loadgen.sim import SimConfig, SimRecord, simulate
-from kvcompass.loadgen.sim.agreement import compare, measured_overhead
+from kvcompass.loadgen.sim.agreement import compare, measured_overhead, scenario_of
+from kvcompass.loadgen.sim.agreement import main as agreement_main
 from kvcompass.loadgen.sim.testing import shared_prefixes
 from kvcompass.routing.testing import TOY
 
@@ -98,3 +102,56 @@ def test_the_overhead_of_a_simulated_live_run_is_recovered() -> None:
     assert n == sum(r.queue_ms == 0 for r in paper)
     # Against records that already pay an overhead the answer is the same: the whole of it.
     assert measured_overhead(paid, [as_live(r) for r in paid])[0] == pytest.approx(9.0)
+
+
+def _recorded(folder: Path) -> DemoScenario:
+    """A demo's scenario with its own topology file, as ``kvcompass demo`` writes it."""
+    (folder / "mine-long-context.toml").write_text("# the demo's topology\n")
+    scenario = dataclasses.replace(
+        default_scenario(), topology="mine-long-context.toml", seed=11, prefix_chain=False
+    )
+    scenario.write(folder)
+    return scenario
+
+
+def test_agree_simulates_the_scenario_the_demo_recorded(tmp_path: Path) -> None:
+    """The recorded topology (its file in the demo's folder), seed and settings win; a
+    flag may restate them. Without a recording, the flags over the demo's defaults."""
+    recorded = _recorded(tmp_path)
+    assert scenario_of(tmp_path, {}) == recorded
+    assert recorded.topology_ref(tmp_path) == str(tmp_path / "mine-long-context.toml")
+    restated = {"seed": 11, "topology": str(tmp_path / "mine-long-context.toml")}
+    assert scenario_of(tmp_path, restated) == recorded
+    empty = tmp_path / "old-demo"
+    empty.mkdir()
+    assert scenario_of(empty, {"seed": 3}) == dataclasses.replace(default_scenario(), seed=3)
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--topology", "testbed-3region"], "--topology testbed-3region contradicts"),
+        (["--no-prefix-chain", "--seed", "12"], "--seed 12 contradicts"),
+    ],
+)
+def test_a_flag_contradicting_the_recorded_scenario_stops_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], named: str
+) -> None:
+    _recorded(tmp_path)
+    live = tmp_path / "records-kvcompass.jsonl"
+    assert agreement_main(["--live", str(live), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith(f"kvcompass sim agree: {named} the demo's ")
+    assert err[0].endswith(f"recorded in {tmp_path / 'scenario.json'}: omit the flag")
+
+
+@pytest.mark.parametrize("text", ["{", "[]", '{"topology": "x"}'])
+def test_a_corrupt_scenario_stops_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> None:
+    (tmp_path / "scenario.json").write_text(text)
+    live = tmp_path / "records-kvcompass.jsonl"
+    assert agreement_main(["--live", str(live)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"kvcompass sim agree: {tmp_path / 'scenario.json'} is not a demo")
