@@ -19,7 +19,7 @@ import re
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from importlib import resources
 from pathlib import Path
 
@@ -127,18 +127,9 @@ def default_scenario() -> DemoScenario:
 
 
 def _scenario(args: argparse.Namespace, topology: str) -> DemoScenario:
-    return DemoScenario(
-        topology=topology,
-        seconds=args.seconds,
-        rate=args.rate,
-        seed=args.seed,
-        time_scale=args.time_scale,
-        remote_margin_rtt=args.remote_margin_rtt,
-        pending_credit=args.pending_credit,
-        prefix_chain=args.prefix_chain,
-        tau_ms=args.tau_ms,
-        lambda_max=args.lambda_max,
-    )
+    """The run's scenario: every other field is the flag of the same name."""
+    flags = {f.name: getattr(args, f.name) for f in fields(DemoScenario) if f.name != "topology"}
+    return DemoScenario(topology=topology, **flags)
 
 
 def demo_workload(topology: Topology, seconds: float, rate: float, seed: int) -> list[LiveRequest]:
