@@ -6,9 +6,12 @@ fields, then its summary (whose ``requests`` is the count simulated). Resume rul
 cell whose ``summary.json`` parses (:func:`done_summary`; the simulator writes it last)
 and records the settings this code gives the cell (:func:`recorded_config`) is not run
 again; a folder made under other defaults is run again, and said so. Changes that no
-setting records (a workload generator's or the simulator's code) are not detected:
-after those, use a new ``--out``. ``kvcompass sim sweep`` and every simulator-based
-report run their cells through :func:`run_grid`.
+setting records (the routing core's, a workload generator's or the simulator's code)
+are not rerun but named: each ``summary.json`` records the code's fingerprint
+(:func:`~kvcompass.loadgen.sim.fingerprint.code_fingerprint`), and a grid resumed over
+cells another version made says how many; to regenerate them, use a new ``--out``.
+``kvcompass sim sweep`` and every simulator-based report run their cells through
+:func:`run_grid`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 from tqdm import tqdm
 
 from kvcompass.loadgen.sim.cell import Cell, recorded_config, write_cell
+from kvcompass.loadgen.sim.fingerprint import code_fingerprint
 
 __all__ = ["CellRunner", "done_summary", "product", "run_grid"]
 
@@ -98,7 +102,8 @@ def run_grid(
     skipped)`` after each cell; a failed cell stops the grid, finished cells stay done."""
     root.mkdir(parents=True, exist_ok=True)
     folders = {cell: root / cell.key for cell in cells}
-    todo, stale = [], []
+    todo, stale, other_code = [], [], []
+    code = code_fingerprint()
     for cell, folder in folders.items():
         record = _record(folder)
         if record is None:
@@ -108,12 +113,22 @@ def run_grid(
             (folder / "summary.json").unlink()
             todo.append(cell)
             stale.append(f"{folder.name} ({setting.removeprefix('config.')})")
-        elif on_done is not None:
-            on_done(cell, True)
+        else:
+            if record.get("code") != code:
+                other_code.append(f"{folder.name} ({record.get('code', _ABSENT)} → {code})")
+            if on_done is not None:
+                on_done(cell, True)
     if stale:
         tqdm.write(
             f"running {len(stale)} finished cell(s) under {root} again: made with other "
             f"settings than this code gives them, e.g. {stale[0]}",
+            file=sys.stderr,
+        )
+    if other_code:
+        tqdm.write(
+            f"keeping {len(other_code)} finished cell(s) under {root} that other code "
+            f"made (its fingerprint differs, e.g. {other_code[0]}); their results may "
+            "differ from this code's: use a new --out to regenerate them",
             file=sys.stderr,
         )
     with tqdm(total=len(todo), desc="simulations", unit="run", disable=not progress) as bar:

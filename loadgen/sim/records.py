@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from kvcompass.loadgen.sim.fingerprint import code_fingerprint
+
 __all__ = ["LoadSample", "SimRecord", "SimResult"]
 
 
@@ -129,12 +131,13 @@ class SimResult:
         return out | self.stats
 
     def write(self, folder: str | Path) -> Path:
-        """``requests.csv``, ``load.csv``, then ``summary.json`` (with the config)."""
+        """``requests.csv``, ``load.csv``, then ``summary.json`` (with the config and the
+        code's fingerprint)."""
         path = Path(folder)
         path.mkdir(parents=True, exist_ok=True)
         _write_csv(path / "requests.csv", SimRecord, self.records)
         _write_csv(path / "load.csv", LoadSample, self.load_samples)
-        summary = {"summary": self.summary(), "config": self.config}
+        summary = {"summary": self.summary(), "config": self.config, "code": code_fingerprint()}
         (path / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         return path
 

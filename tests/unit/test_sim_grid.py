@@ -10,9 +10,13 @@ from typing import Any
 import pytest
 
 from kvcompass.loadgen.reports.cells import paper_cell
+from kvcompass.loadgen.sim import SimConfig, simulate
 from kvcompass.loadgen.sim import cli as sim_cli
 from kvcompass.loadgen.sim.cell import Cell, recorded_config, topology_of
+from kvcompass.loadgen.sim.fingerprint import code_fingerprint, fingerprint_of
 from kvcompass.loadgen.sim.grid import done_summary, run_grid
+from kvcompass.loadgen.sim.testing import shared_prefixes
+from kvcompass.routing.testing import TOY
 
 
 class _Counting:
@@ -24,7 +28,7 @@ class _Counting:
     def __call__(self, cell: Cell, folder: Path) -> None:
         self.ran.append(cell)
         folder.mkdir(parents=True, exist_ok=True)
-        record = {"summary": {}, "config": recorded_config(cell)}
+        record = {"summary": {}, "config": recorded_config(cell), "code": code_fingerprint()}
         (folder / "summary.json").write_text(json.dumps(record))
 
 
@@ -75,6 +79,53 @@ def test_a_folder_made_under_other_defaults_runs_again_and_says_which_setting(
     run_grid(CELLS, tmp_path, runner=again, progress=False)
     assert again.ran == [CELLS[2]]
     assert done_summary(old.parent, CELLS[2]) == {}
+
+
+def test_a_cell_other_code_made_is_kept_and_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Code no setting records (the routing core, the simulator) changed between two runs
+    of one grid: the cell is not run again, but the run says it came from other code."""
+    run_grid(CELLS, tmp_path, runner=_Counting(), progress=False)
+    again = _Counting()
+    run_grid(CELLS, tmp_path, runner=again, progress=False)
+    assert again.ran == []
+    assert "other code" not in capsys.readouterr().err
+    old = tmp_path / CELLS[1].key / "summary.json"
+    record = json.loads(old.read_text())
+    record["code"] = "0123456789abcdef"
+    old.write_text(json.dumps(record))
+    run_grid(CELLS, tmp_path, runner=again, progress=False)
+    assert again.ran == []
+    err = capsys.readouterr().err
+    assert f"keeping 1 finished cell(s) under {tmp_path} that other code made" in err
+    assert f"{CELLS[1].key} (0123456789abcdef → {code_fingerprint()})" in err
+
+
+def test_a_simulation_records_the_fingerprint_of_its_code(tmp_path: Path) -> None:
+    result = simulate(SimConfig(TOY, seed=1), shared_prefixes(TOY, 20.0, 20, seed=1))
+    record = json.loads((result.write(tmp_path) / "summary.json").read_text())
+    assert record["code"] == code_fingerprint()
+
+
+def test_the_fingerprint_covers_sources_only(tmp_path: Path) -> None:
+    """Any source byte or name changes it; caches and other files do not."""
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
+    (tmp_path / "pkg" / "sub" / "t.toml").write_text("[index]\n")
+    roots = [tmp_path / "pkg"]
+    first = fingerprint_of(roots)
+    assert len(first) == 16
+    (tmp_path / "pkg" / "__pycache__").mkdir()
+    (tmp_path / "pkg" / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\0")
+    (tmp_path / "pkg" / "notes.md").write_text("notes")
+    assert fingerprint_of(roots) == first
+    (tmp_path / "pkg" / "a.py").write_text("x = 2\n")
+    assert fingerprint_of(roots) != first
+    (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
+    assert fingerprint_of(roots) == first
+    (tmp_path / "pkg" / "sub" / "t.toml").rename(tmp_path / "pkg" / "sub" / "u.toml")
+    assert fingerprint_of(roots) != first
 
 
 def test_cell_keys_differ_by_every_knob() -> None:
