@@ -37,6 +37,7 @@ from kvcompass.loadgen.records import RequestRecord, read_records
 from kvcompass.loadgen.scenario import SCENARIO_FILE, DemoScenario
 from kvcompass.loadgen.sim.cell import topology_of
 from kvcompass.loadgen.sim.config import SimConfig
+from kvcompass.loadgen.sim.fingerprint import code_fingerprint
 from kvcompass.loadgen.sim.records import SimRecord
 from kvcompass.loadgen.sim.simulator import simulate
 from kvcompass.loadgen.workloads import LiveRequest
@@ -299,5 +300,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(render(gaps, facts))
     if args.json is not None:
         rows = [g.__dict__ | {"within": g.within} for g in gaps]
-        args.json.write_text(json.dumps({"gaps": rows, "facts": facts}, indent=2) + "\n")
+        # What was compared: the scenario simulated and the code that simulated it.
+        provenance = {"scenario": dataclasses.asdict(scenario), "code": code_fingerprint()}
+        report = {"gaps": rows, "facts": facts} | provenance
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0 if all(g.within for g in gaps) else 1

@@ -4,18 +4,21 @@ the serving overhead it measures is the one a live run paid."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 
-from kvcompass.loadgen.demo import default_scenario
-from kvcompass.loadgen.records import RequestRecord
+from kvcompass.loadgen.demo import default_scenario, demo_workload
+from kvcompass.loadgen.records import RequestRecord, write_record
 from kvcompass.loadgen.scenario import DemoScenario
 from kvcompass.loadgen.sim import SimConfig, SimRecord, simulate
 from kvcompass.loadgen.sim.agreement import compare, measured_overhead, scenario_of
 from kvcompass.loadgen.sim.agreement import main as agreement_main
+from kvcompass.loadgen.sim.fingerprint import code_fingerprint
 from kvcompass.loadgen.sim.testing import shared_prefixes
 from kvcompass.routing.testing import TOY
+from kvcompass.topology import load_builtin
 
 RECORDS = simulate(SimConfig(TOY, seed=2), shared_prefixes(TOY, 20.0, 120, seed=2)).records
 
@@ -155,3 +158,29 @@ def test_a_corrupt_scenario_stops_with_one_line(
     assert agreement_main(["--live", str(live)]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"kvcompass sim agree: {tmp_path / 'scenario.json'} is not a demo")
+
+
+def test_agree_on_a_demo_folder_compares_its_scenario_and_says_what_it_compared(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A demo folder whose records are what the simulator itself gives its recorded
+    scenario: every gap is zero, every request on the same worker, and the JSON names
+    the scenario and the code."""
+    scenario = dataclasses.replace(default_scenario(), seconds=6.0, seed=3)
+    scenario.write(tmp_path)
+    topology = load_builtin(scenario.topology)
+    requests = demo_workload(topology, scenario.seconds, scenario.rate, scenario.seed)
+    config = SimConfig(topology, policy="kvcompass", seed=scenario.seed)
+    live = tmp_path / "records-kvcompass.jsonl"
+    with live.open("w") as out:
+        for rec in simulate(config, requests).records:
+            write_record(out, as_live(rec))
+    report = tmp_path / "agree.json"
+    assert agreement_main(["--live", str(live), "--json", str(report)]) == 0
+    written = json.loads(report.read_text())
+    assert written["scenario"] == dataclasses.asdict(scenario)
+    assert written["code"] == code_fingerprint()
+    assert written["facts"]["same_worker_share"] == 1.0
+    assert written["facts"]["joined"] == len(requests) > 0
+    assert all(g["gap"] == 0 for g in written["gaps"]), written["gaps"]
+    assert "same_worker_share 1.000" in capsys.readouterr().out
