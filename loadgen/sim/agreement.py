@@ -167,11 +167,12 @@ def render(gaps: Sequence[Gap], facts: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def scenario_of(folder: Path, given: Mapping[str, Any]) -> DemoScenario:
-    """The scenario the demo recorded in ``folder``, which the flags ``given`` may restate
-    but not contradict (ValueError naming both); without a recording, ``given`` over the
-    demo's defaults."""
-    recorded = DemoScenario.read(folder)
+def scenario_of(
+    recorded: DemoScenario | None, folder: Path, given: Mapping[str, Any]
+) -> DemoScenario:
+    """The scenario the demo recorded in ``folder`` (:meth:`DemoScenario.read`), which the
+    flags ``given`` may restate but not contradict (ValueError naming both); without a
+    recording, ``given`` over the demo's defaults."""
     if recorded is None:
         return dataclasses.replace(default_scenario(), **given)
     for name, value in given.items():
@@ -278,8 +279,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, f.name) is not None
     }
     try:
-        scenario = scenario_of(folder, given)
-        if not (folder / SCENARIO_FILE).exists():
+        recorded = DemoScenario.read(folder)
+        scenario = scenario_of(recorded, folder, given)
+        if recorded is None:
             print(
                 f"kvcompass sim agree: no {SCENARIO_FILE} beside {args.live}; simulating "
                 f"{scenario} (the flags, else the demo's defaults)",

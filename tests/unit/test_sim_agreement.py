@@ -121,13 +121,14 @@ def test_agree_simulates_the_scenario_the_demo_recorded(tmp_path: Path) -> None:
     """The recorded topology (its file in the demo's folder), seed and settings win; a
     flag may restate them. Without a recording, the flags over the demo's defaults."""
     recorded = _recorded(tmp_path)
-    assert scenario_of(tmp_path, {}) == recorded
+    assert scenario_of(DemoScenario.read(tmp_path), tmp_path, {}) == recorded
     assert recorded.topology_ref(tmp_path) == str(tmp_path / "mine-long-context.toml")
     restated = {"seed": 11, "topology": str(tmp_path / "mine-long-context.toml")}
-    assert scenario_of(tmp_path, restated) == recorded
+    assert scenario_of(recorded, tmp_path, restated) == recorded
     empty = tmp_path / "old-demo"
     empty.mkdir()
-    assert scenario_of(empty, {"seed": 3}) == dataclasses.replace(default_scenario(), seed=3)
+    assert DemoScenario.read(empty) is None
+    assert scenario_of(None, empty, {"seed": 3}) == dataclasses.replace(default_scenario(), seed=3)
 
 
 @pytest.mark.parametrize(
