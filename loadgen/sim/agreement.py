@@ -41,7 +41,7 @@ from kvcompass.loadgen.sim.fingerprint import code_fingerprint
 from kvcompass.loadgen.sim.records import SimRecord
 from kvcompass.loadgen.sim.simulator import simulate
 from kvcompass.loadgen.workloads import LiveRequest
-from kvcompass.routing import RoutingConfig
+from kvcompass.routing import routing_config
 from kvcompass.topology import Topology
 
 __all__ = ["TOLERANCE", "Gap", "compare", "main", "measured_overhead", "scenario_of"]
@@ -207,13 +207,7 @@ def _config(
         seed=scenario.seed,
         update_delay_ms=args.update_delay_ms,
         serving_overhead_ms=overhead,
-        routing=RoutingConfig(
-            remote_margin_rtt=scenario.remote_margin_rtt,
-            pending_credit=scenario.pending_credit,
-            prefix_chain=scenario.prefix_chain,
-            tau_ms=scenario.tau_ms,
-            lambda_max=scenario.lambda_max,
-        ),
+        routing=routing_config(scenario),
     )
 
 

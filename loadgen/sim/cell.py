@@ -17,7 +17,7 @@ from kvcompass.loadgen.sim.config import SimConfig
 from kvcompass.loadgen.sim.records import SimResult
 from kvcompass.loadgen.sim.simulator import Progress, simulate
 from kvcompass.loadgen.workloads import LiveRequest
-from kvcompass.routing import Ablations, RoutingConfig
+from kvcompass.routing import Ablations, RoutingConfig, routing_config
 from kvcompass.topology import Topology, builtin_names, load_builtin, load_topology
 from kvcompass.worker import EvictionPolicy
 
@@ -110,14 +110,7 @@ class Cell:
         ablations = Ablations(**dict.fromkeys(self.ablations, False))
         return SimConfig(
             topology,
-            routing=RoutingConfig(
-                ablations=ablations,
-                remote_margin_rtt=self.remote_margin_rtt,
-                pending_credit=self.pending_credit,
-                prefix_chain=self.prefix_chain,
-                tau_ms=self.tau_ms,
-                lambda_max=self.lambda_max,
-            ),
+            routing=routing_config(self, ablations=ablations),
             eviction=EvictionPolicy(self.eviction),
             time_limit_s=self.duration,
             **{name: getattr(self, name) for name in _PASSED_ON},

@@ -22,7 +22,7 @@ from kvcompass.errors import ConfigError
 from kvcompass.index.layout import IndexLayout
 from kvcompass.index.reader import IndexReader
 from kvcompass.pipeline.clock import Clock, SystemClock
-from kvcompass.routing import RoutingConfig, make_policy
+from kvcompass.routing import make_policy, routing_config
 from kvcompass.services.health import Health
 from kvcompass.services.router import tokenizer
 from kvcompass.services.router.app import RouterApp
@@ -55,14 +55,7 @@ def routing_policy(
     settings: RouterSettings, topology: Topology, reader: IndexReader, clock: Clock
 ) -> RoutingPolicy:
     """The routing core's policy named by ``KVC_POLICY``."""
-    config = RoutingConfig(
-        remote_margin_rtt=settings.remote_margin_rtt,
-        pending_credit=settings.pending_credit,
-        pending_slack_s=settings.pending_slack_s,
-        prefix_chain=settings.prefix_chain,
-        tau_ms=settings.tau_ms,
-        lambda_max=settings.lambda_max,
-    )
+    config = routing_config(settings, pending_slack_s=settings.pending_slack_s)
     return make_policy(
         settings.policy, topology, settings.region, reader, config=config, clock=clock
     )

@@ -22,7 +22,13 @@ from kvcompass.routing.baselines import (
     SkyWalker,
 )
 from kvcompass.routing.belief import CacheBelief
-from kvcompass.routing.config import PAPER_PRICE, Ablations, RoutingConfig
+from kvcompass.routing.config import (
+    PAPER_PRICE,
+    Ablations,
+    RoutingConfig,
+    ShippedChoices,
+    routing_config,
+)
 from kvcompass.routing.factory import NEEDS_READER, POLICY_NAMES, make_policy
 from kvcompass.routing.kvcompass import KVCompassPolicy
 from kvcompass.routing.migration import HotPrefixTracker, MigrationOrder, MigrationPlanner
@@ -73,10 +79,12 @@ __all__ = [
     "RouteRequest",
     "RoutingConfig",
     "RoutingPolicy",
+    "ShippedChoices",
     "SkyWalker",
     "WorldView",
     "from_vector",
     "make_policy",
     "queues_by_index",
+    "routing_config",
     "to_vector",
 ]

@@ -20,9 +20,16 @@ The three the paper does not fix, and why we chose these values:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TypedDict
+from typing import Any, Protocol, TypedDict
 
-__all__ = ["PAPER_PRICE", "Ablations", "CapacityPrice", "RoutingConfig"]
+__all__ = [
+    "PAPER_PRICE",
+    "Ablations",
+    "CapacityPrice",
+    "RoutingConfig",
+    "ShippedChoices",
+    "routing_config",
+]
 
 
 class CapacityPrice(TypedDict):
@@ -130,3 +137,32 @@ class RoutingConfig:
             raise ValueError(f"pending_slack_s must be >= 0, got {self.pending_slack_s}")
         if self.hot_misses < 1 or self.fallbacks < 0 or self.max_families < 1:
             raise ValueError("hot_misses and max_families must be >= 1, fallbacks >= 0")
+
+
+class ShippedChoices(Protocol):
+    """The five settings in which KVCompass as shipped departs from the paper's
+    evaluation, as every layer that exposes them names them: the router's settings, a
+    simulator cell, a demo's recorded scenario."""
+
+    @property
+    def remote_margin_rtt(self) -> float: ...
+    @property
+    def pending_credit(self) -> bool: ...
+    @property
+    def prefix_chain(self) -> bool: ...
+    @property
+    def tau_ms(self) -> float: ...
+    @property
+    def lambda_max(self) -> float: ...
+
+
+def routing_config(choices: ShippedChoices, **fields: Any) -> RoutingConfig:
+    """A RoutingConfig with ``choices``' five settings and any other ``fields``."""
+    return RoutingConfig(
+        remote_margin_rtt=choices.remote_margin_rtt,
+        pending_credit=choices.pending_credit,
+        prefix_chain=choices.prefix_chain,
+        tau_ms=choices.tau_ms,
+        lambda_max=choices.lambda_max,
+        **fields,
+    )
