@@ -103,8 +103,12 @@ def tabulate(runs: Mapping[Cell, Run]) -> list[dict[str, Any]]:
             p99, thr = float(mine["ttft_p99_ms"]), float(mine["throughput_req_per_s"])
             lowest += p99 < best_p99
             highest += thr > best_thr
-            p99_ratio.append(p99 / best_p99)
-            thr_ratio.append(thr / best_thr)
+            # A --quick cell can finish nothing inside its short arrival window
+            # (throughput 0): no ratio there, rather than a division by zero.
+            if best_p99 > 0:
+                p99_ratio.append(p99 / best_p99)
+            if best_thr > 0:
+                thr_ratio.append(thr / best_thr)
         rows.append(
             {
                 "tau_ms": price[0],

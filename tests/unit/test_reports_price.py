@@ -58,6 +58,22 @@ def test_each_price_is_counted_against_the_best_other_scheme_at_every_point() ->
     )
 
 
+def test_a_point_where_nothing_finished_in_the_window_gives_no_throughput_ratio() -> None:
+    # --quick cells at high rates can end their arrival window before any request ends.
+    runs = {
+        _cell("skywalker", LOW): _run(600.0, 0.0),
+        _ours(LOW, *SHIPPED): _run(550.0, 0.0),
+        _cell("skywalker", HIGH): _run(800.0, 150.0),
+        _ours(HIGH, *SHIPPED): _run(810.0, 165.0),
+    }
+    (shipped,) = price.tabulate(runs)
+    assert (shipped["points"], shipped["lowest_p99"], shipped["highest_throughput"]) == (2, 1, 1)
+    assert shipped["median_req_per_s_over_best_other"] == round(165 / 150, 4)
+    assert shipped["median_p99_over_best_other"] == round(
+        float(np.median([550 / 600, 810 / 800])), 4
+    )
+
+
 def test_cells_add_each_other_price_to_shipped_grid() -> None:
     grid = price.cells(quick=True)
     base = shipped_grid.cells(quick=True)
