@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from kvcompass.loadgen.driver import DriverConfig
+from kvcompass.loadgen.outputs import output_file
 from kvcompass.loadgen.replay import replay
 from kvcompass.loadgen.summary import render_side_by_side
 from kvcompass.loadgen.workloads import (
@@ -216,6 +217,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"the {args.workload} workload is endless: give --duration or --requests"
             )
         requests = workload(args, topology)
+        if args.out is not None:
+            output_file(args.out, "--out")
+        if args.summary_json is not None:
+            output_file(args.summary_json, "--summary-json")
         if args.dry_run:
             print(_describe(list(requests)))
             return 0

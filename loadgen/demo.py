@@ -26,6 +26,7 @@ from pathlib import Path
 from kvcompass.loadgen.ctrl_c import CtrlC
 from kvcompass.loadgen.driver import DriverConfig
 from kvcompass.loadgen.figures import ttft_figure
+from kvcompass.loadgen.outputs import output_folder
 from kvcompass.loadgen.records import RequestRecord
 from kvcompass.loadgen.replay import Replay, replay
 from kvcompass.loadgen.scenario import DemoScenario
@@ -154,7 +155,11 @@ def demo_workload(topology: Topology, seconds: float, rate: float, seed: int) ->
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        output_folder(out)
+    except ValueError as exc:
+        print(f"kvcompass demo: {exc}", file=sys.stderr)
+        return 2
     topology_ref = args.topology
     if args.levels == "long-context":
         topology_ref = str(_with_long_context_levels(args.topology, out))

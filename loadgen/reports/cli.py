@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from importlib import import_module
 from pathlib import Path
 
+from kvcompass.loadgen.outputs import output_folder
 from kvcompass.loadgen.reports.cells import WORKLOADS
 from kvcompass.loadgen.reports.common import Artefact, repo_root
 
@@ -169,6 +170,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.jobs < 1:
         print("kvcompass report: --jobs must be at least 1", file=sys.stderr)
         return 2
+    try:
+        output_folder(args.out)
+        if args.figures is not None:
+            output_folder(args.figures, "--figures")
+    except ValueError as exc:
+        print(f"kvcompass report: {exc}", file=sys.stderr)
+        return 2
     names = ALL_ORDER if args.artefact == "all" else (args.artefact,)
     took: list[tuple[str, float]] = []
     for name in names:
@@ -179,7 +187,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wrote {args.out / art.name}.{{png,csv,json}}")
         png = args.out / f"{art.name}.png"
         if args.figures is not None and png.exists():
-            args.figures.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(png, args.figures / png.name)
             print(f"copied {png.name} to {args.figures}")
     if len(took) > 1:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kvcompass.loadgen.outputs import output_folder
 from kvcompass.loadgen.sim.cell import ABLATIONS, Cell, run_cell
 from kvcompass.loadgen.sim.grid import product, run_grid
 from kvcompass.loadgen.sim.records import SimResult
@@ -203,6 +204,8 @@ def _table(result: SimResult) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     cell = _cell(args)
+    if args.out is not None:
+        output_folder(args.out)
     show = sys.stderr.isatty() if args.progress is None else args.progress
     if show:
         from tqdm import tqdm
@@ -237,6 +240,7 @@ def _sweep(args: argparse.Namespace) -> int:
     if unknown:
         raise ValueError(f"unknown policies {unknown}; known: {', '.join(POLICY_NAMES)}")
     grid = product(_cell(args, **override), policies, rates, seeds)
+    output_folder(args.out)
     run_grid(grid, args.out, jobs=args.jobs or os.cpu_count() or 1, progress=True)
     print(f"wrote {args.out / 'index.csv'}")
     return 0
