@@ -386,7 +386,8 @@ def test_a_killed_worker_is_routed_around(stack: LocalStack) -> None:
     victim = "us-7"
     prompt = _prompt(4_096, seed=9)
     _direct(stack, victim, prompt)
-    assert wait_indexed(stack, "us", prompt, victim)["worker"] == victim
+    # Idle too: until the queue vector says its prefill ended, an idle equal worker wins.
+    assert wait_indexed(stack, "us", prompt, victim, idle=True)["worker"] == victim
     stack.kill(f"workers-{victim}")
     # The first request still picks it, fails to connect, and is retried on the next
     # best worker; from then on the router treats it as down.
