@@ -179,6 +179,16 @@ def workload(args: argparse.Namespace, topology: Topology) -> Iterator[LiveReque
         if args.requests is not None:
             params["limit"] = args.requests
     elif args.azure is not None:
+        takes = [
+            w
+            for w in WORKLOADS
+            if w != "trace" and "azure" in {n for n, _, _ in workload_config(w).parameters()}
+        ]
+        if args.workload not in takes:
+            raise ValueError(
+                f"--azure replays its arrivals into the {', '.join(takes)} workloads, "
+                f"not {args.workload} (give --workload)"
+            )
         params.update(azure=str(args.azure), speed=args.speed, azure_lengths=args.azure_lengths)
     elif args.azure_lengths:
         raise ValueError("--azure-lengths needs --azure PATH")

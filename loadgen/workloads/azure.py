@@ -44,15 +44,28 @@ def read_azure(path: str | Path, limit: int | None = None) -> AzureTrace:
     inputs: list[int] = []
     outputs: list[int] = []
     with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as stream:
-        for row in csv.DictReader(stream):
+        reader = csv.DictReader(stream)
+        missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(reader.fieldnames or ())
+        if missing:
+            raise ValueError(
+                f"{path}: not an Azure trace CSV: no column {', '.join(sorted(missing))} "
+                "(needs TIMESTAMP,ContextTokens,GeneratedTokens)"
+            )
+        for row in reader:
             if limit is not None and len(stamps) >= limit:
                 break
-            stamps.append(row["TIMESTAMP"])
-            inputs.append(int(row["ContextTokens"]))
-            outputs.append(int(row["GeneratedTokens"]))
+            try:
+                stamps.append(row["TIMESTAMP"])
+                inputs.append(int(row["ContextTokens"]))
+                outputs.append(int(row["GeneratedTokens"]))
+            except (ValueError, TypeError) as exc:  # TypeError: a short row's None
+                raise ValueError(f"{path}:{reader.line_num}: {exc}") from None
     if not stamps:
         raise ValueError(f"{path}: no arrivals")
-    ns = np.array(stamps, dtype="datetime64[ns]").astype(np.int64)
+    try:
+        ns = np.array(stamps, dtype="datetime64[ns]").astype(np.int64)
+    except ValueError as exc:
+        raise ValueError(f"{path}: a TIMESTAMP is not a date and time ({exc})") from None
     if np.any(np.diff(ns) < 0):
         raise ValueError(f"{path}: timestamps are not sorted")
     return AzureTrace((ns - ns[0]) / 1e9, np.array(inputs), np.array(outputs))

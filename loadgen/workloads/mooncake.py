@@ -46,20 +46,27 @@ def read_trace(path: str | Path, limit: int | None = None) -> list[TraceRecord]:
     path = Path(path)
     records: list[TraceRecord] = []
     with _open_text(path) as stream:
-        for line in stream:
+        for number, line in enumerate(stream, 1):
             if limit is not None and len(records) >= limit:
                 break
             if not line.strip():
                 continue
-            raw = json.loads(line)
-            records.append(
-                TraceRecord(
-                    float(raw["timestamp"]),
-                    int(raw["input_length"]),
-                    int(raw["output_length"]),
-                    tuple(int(h) for h in raw["hash_ids"]),
+            try:
+                raw = json.loads(line)
+                records.append(
+                    TraceRecord(
+                        float(raw["timestamp"]),
+                        int(raw["input_length"]),
+                        int(raw["output_length"]),
+                        tuple(int(h) for h in raw["hash_ids"]),
+                    )
                 )
-            )
+            except (ValueError, TypeError, KeyError) as exc:
+                what = f"no field {exc}" if isinstance(exc, KeyError) else str(exc)
+                raise ValueError(
+                    f"{path}:{number}: not a Mooncake trace record ({what}); each line is a "
+                    "JSON object with timestamp, input_length, output_length and hash_ids"
+                ) from None
     return records
 
 

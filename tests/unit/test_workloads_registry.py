@@ -19,6 +19,7 @@ from kvcompass.loadgen.workloads import (
     LiveRequest,
     make_workload,
     read_azure,
+    read_trace,
     workload_config,
 )
 from kvcompass.topology import load_builtin
@@ -60,6 +61,63 @@ def test_azure_reader_keeps_order_and_rejects_unsorted(tmp_path: Path, azure: Pa
     )
     with pytest.raises(ValueError, match="not sorted"):
         read_azure(unsorted)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("x,y\n1,2\n", r"bad.csv: not an Azure trace CSV: no column ContextTokens, "),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\nnoon,5,5\n", r"TIMESTAMP is not a date"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00,x,5\n", r"bad.csv:2: "),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00,5\n", r"bad.csv:2: "),
+    ],
+)
+def test_a_malformed_azure_trace_is_refused_naming_file_and_line(
+    tmp_path: Path, text: str, needle: str
+) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text(text)
+    with pytest.raises(ValueError, match=needle):
+        read_azure(bad)
+
+
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [
+        (
+            '{"not": "a record"}',
+            r"bad.jsonl:2: not a Mooncake trace record \(no field 'timestamp'\)",
+        ),
+        (
+            '{"timestamp": 1, "input_length": "x", "output_length": 3, "hash_ids": [1]}',
+            "bad.jsonl:2:",
+        ),
+        ('{"timestamp": 1, "input_length": 5, "output_length": 3, "hash_ids": 7}', "bad.jsonl:2:"),
+        ("not json", r"bad.jsonl:2: not a Mooncake trace record"),
+    ],
+)
+def test_a_malformed_mooncake_trace_is_refused_naming_file_and_line(
+    tmp_path: Path, line: str, needle: str
+) -> None:
+    good = '{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [0, 1]}'
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(f"{good}\n{line}\n")
+    with pytest.raises(ValueError, match=needle):
+        read_trace(bad)
+    assert len(read_trace(bad, limit=1)) == 1  # a limit stops before the bad line
+
+
+def test_azure_arrivals_into_a_workload_without_them_are_refused_in_one_line(
+    azure: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--azure", str(azure), "--requests", "5", "--dry-run"]
+    assert main([*argv, "--workload", "synthetic"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "kvcompass loadgen: --azure replays its arrivals into the mixed, wildchat, lmsys "
+        "workloads, not synthetic (give --workload)"
+    ]
+    assert main([*argv, "--workload", "lmsys"]) == 0
 
 
 @pytest.mark.parametrize("name", ["mixed", "wildchat", "lmsys"])
