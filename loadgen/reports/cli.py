@@ -27,26 +27,41 @@ __all__ = ["ALL_ORDER", "ARTEFACTS", "Maker", "main"]
 Maker = Callable[[argparse.Namespace], Artefact]
 
 
-def _traces_dir(given: str | None) -> Path:
-    """--traces, else $KVC_TRACES, else the first ``shared/traces`` above the checkout."""
+#: The artefacts that read the Mooncake traces (``--traces``).
+TRACE_ARTEFACTS = ("fig2", "fig5b")
+
+
+def traces_dir(given: str | None) -> Path:
+    """--traces, else $KVC_TRACES, else the first ``shared/traces`` above the checkout;
+    ValueError unless it holds both Mooncake traces."""
+    from kvcompass.loadgen.reports.fig2 import TRACES
+
     if given or os.environ.get("KVC_TRACES"):
-        return Path(given or os.environ["KVC_TRACES"])
-    for parent in repo_root().parents:
-        if (parent / "shared" / "traces").is_dir():
-            return parent / "shared" / "traces"
-    raise SystemExit("kvcompass report: no traces folder found; pass --traces DIR")
+        folder: Path | None = Path(given or os.environ["KVC_TRACES"])
+    else:
+        beside = (p / "shared" / "traces" for p in repo_root().parents)
+        folder = next((f for f in beside if f.is_dir()), None)
+    if folder is None:
+        raise ValueError("no traces folder found beside the checkout; pass --traces DIR")
+    missing = [name for name in TRACES if not (folder / name).is_file()]
+    if missing:
+        raise ValueError(
+            f"--traces {folder}: no {', '.join(missing)} there (the folder of the Mooncake "
+            "traces; else $KVC_TRACES, else shared/traces beside the checkout)"
+        )
+    return folder
 
 
 def _fig2(a: argparse.Namespace) -> Artefact:
     from kvcompass.loadgen.reports.fig2 import run_fig2
 
-    return run_fig2(_traces_dir(a.traces), a.out, seeds=3 if a.quick else 20)
+    return run_fig2(Path(a.traces), a.out, seeds=3 if a.quick else 20)
 
 
 def _fig5b(a: argparse.Namespace) -> Artefact:
     from kvcompass.loadgen.reports.fig5b import run_fig5b
 
-    return run_fig5b(_traces_dir(a.traces), a.out, limit=4000 if a.quick else None)
+    return run_fig5b(Path(a.traces), a.out, limit=4000 if a.quick else None)
 
 
 def _table5(a: argparse.Namespace) -> Artefact:
@@ -170,14 +185,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.jobs < 1:
         print("kvcompass report: --jobs must be at least 1", file=sys.stderr)
         return 2
+    names = ALL_ORDER if args.artefact == "all" else (args.artefact,)
+    # Everything an operator can get wrong is checked before the first simulation.
     try:
         output_folder(args.out)
         if args.figures is not None:
             output_folder(args.figures, "--figures")
+        if set(names) & set(TRACE_ARTEFACTS):
+            args.traces = traces_dir(args.traces)
     except ValueError as exc:
         print(f"kvcompass report: {exc}", file=sys.stderr)
         return 2
-    names = ALL_ORDER if args.artefact == "all" else (args.artefact,)
     took: list[tuple[str, float]] = []
     for name in names:
         started = time.monotonic()

@@ -11,6 +11,7 @@ import pytest
 
 from kvcompass.loadgen.reports import cli
 from kvcompass.loadgen.reports.common import Artefact
+from kvcompass.loadgen.reports.fig2 import TRACES
 
 
 def test_all_makes_every_artefact_once_fig12_before_its_readers_and_copies_pngs(
@@ -30,7 +31,9 @@ def test_all_makes_every_artefact_once_fig12_before_its_readers_and_copies_pngs(
     monkeypatch.setattr(cli, "ARTEFACTS", fakes)
     out, figures = tmp_path / "out", tmp_path / "figures"
     out.mkdir()
-    assert cli.main(["all", "--out", str(out), "--figures", str(figures)]) == 0
+    traces = _traces(tmp_path)
+    argv = ["all", "--out", str(out), "--figures", str(figures), "--traces", str(traces)]
+    assert cli.main(argv) == 0
     assert sorted(made) == sorted(cli.ARTEFACTS)
     readers = ("headline", "fig13", "fig14", "table5")
     assert made.index("fig12") < min(made.index(n) for n in readers)
@@ -38,6 +41,46 @@ def test_all_makes_every_artefact_once_fig12_before_its_readers_and_copies_pngs(
     assert max(made.index(n) for n in ("fig12", "fig16", "margin")) < made.index("shipped-grid")
     assert made.index("shipped-grid") < made.index("price")
     assert sorted(p.name for p in figures.iterdir()) == sorted(f"{n}.png" for n in made)
+
+
+def _traces(tmp_path: Path) -> Path:
+    """A folder holding (empty) files of the Mooncake traces' names."""
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    for name in TRACES:
+        (folder / name).write_bytes(b"")
+    return folder
+
+
+@pytest.mark.parametrize("artefact", ["fig2", "fig5b", "all"])
+def test_a_traces_folder_without_the_traces_stops_before_any_artefact(
+    artefact: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    made: list[str] = []
+
+    def make(args: argparse.Namespace) -> Artefact:
+        made.append("x")
+        return Artefact("x", ["x"], [{"x": 1}])
+
+    monkeypatch.setattr(cli, "ARTEFACTS", dict.fromkeys(cli.ARTEFACTS, ("", make)))
+    folder = _traces(tmp_path)
+    (folder / TRACES[1]).unlink()
+    argv = [artefact, "--out", str(tmp_path / "out"), "--traces", str(folder)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1
+    assert err[0].startswith(f"kvcompass report: --traces {folder}: no {TRACES[1]} there")
+    assert made == []
+    # $KVC_TRACES stands in for the flag; a folder with both traces is taken.
+    monkeypatch.setenv("KVC_TRACES", str(tmp_path / "nowhere"))
+    assert cli.main([artefact, "--out", str(tmp_path / "out")]) == 2
+    assert "--traces " + str(tmp_path / "nowhere") in capsys.readouterr().err
+    (folder / TRACES[1]).write_bytes(b"")
+    assert cli.main(argv) == 0
+    assert made
 
 
 def test_one_artefact_without_figures_copies_nothing(
