@@ -199,7 +199,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     took: list[tuple[str, float]] = []
     for name in names:
         started = time.monotonic()
-        art = ARTEFACTS[name][1](args)
+        try:
+            art = ARTEFACTS[name][1](args)
+        except KeyboardInterrupt:
+            print(
+                f"kvcompass report: interrupted in {name}; the simulations finished so far "
+                f"are kept under {args.out}: the same command runs the rest",
+                file=sys.stderr,
+            )
+            return 130
         took.append((name, time.monotonic() - started))
         print(art.table())
         print(f"wrote {args.out / art.name}.{{png,csv,json}}")

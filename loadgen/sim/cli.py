@@ -258,3 +258,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, KeyError, OSError, tomllib.TOMLDecodeError) as exc:
         print(f"kvcompass sim: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        kept = (
+            "nothing written"
+            if args.command == "run"
+            else f"the cells finished so far are kept under {args.out}: the same command "
+            "runs the rest"
+        )
+        print(f"kvcompass sim: interrupted; {kept}", file=sys.stderr)
+        return 130

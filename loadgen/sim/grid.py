@@ -19,9 +19,10 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import multiprocessing
+import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -149,11 +150,24 @@ def _finished(
             runner(cell, folders[cell])
             yield cell
     elif todo:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(runner, c, folders[c]): c for c in todo}
-            for future in as_completed(futures):
-                future.result()
-                yield futures[future]
+        # Leaving the pool terminates its workers: on Ctrl-C or a failed cell the grid
+        # stops now, rather than waiting for every queued cell (a ProcessPoolExecutor's
+        # shutdown did, and hung after Ctrl-C). A killed cell has no summary.json yet,
+        # so a resumed grid runs it again.
+        with multiprocessing.Pool(min(jobs, len(todo)), initializer=_ignore_sigint) as pool:
+            work = [(runner, cell, folders[cell]) for cell in todo]
+            yield from pool.imap_unordered(_run_one, work)
+
+
+def _ignore_sigint() -> None:
+    """In a worker: Ctrl-C is the parent's to handle (it terminates the workers)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _run_one(work: tuple[CellRunner, Cell, Path]) -> Cell:
+    runner, cell, folder = work
+    runner(cell, folder)
+    return cell
 
 
 def _write_index(root: Path) -> Path:

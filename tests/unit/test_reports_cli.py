@@ -123,3 +123,21 @@ def test_a_simulator_report_runs_its_module_with_out_quick_and_jobs(
     args = argparse.Namespace(out=tmp_path, quick=True, jobs=3)
     assert cli.ARTEFACTS[name][1](args).name == name
     assert calls == [(tmp_path, True, 3)]
+
+
+def test_ctrl_c_in_an_artefact_stops_with_one_line_and_exit_130(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def interrupted(args: argparse.Namespace) -> Artefact:
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(cli.ARTEFACTS, "fig9", ("", interrupted))
+    try:
+        code = cli.main(["fig9", "--out", str(tmp_path)])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped kvcompass report with a traceback")
+    assert code == 130
+    assert capsys.readouterr().err.splitlines() == [
+        f"kvcompass report: interrupted in fig9; the simulations finished so far are kept "
+        f"under {tmp_path}: the same command runs the rest"
+    ]

@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import csv
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import pytest
+
+from kvcompass.loadgen.sim import cli as sim_cli
 from kvcompass.loadgen.sim.cell import Cell, topology_of
 from kvcompass.loadgen.sim.grid import product, run_grid
+from kvcompass.loadgen.testing import poll_until
 from kvcompass.services.maintenance.settings import MaintenanceSettings
 
 BASE = Cell(topology="testbed-3region", rate=4.0, duration=1.5, params=("answer_tokens_max=16",))
@@ -42,3 +51,77 @@ def test_a_cell_sets_the_flush_period_and_defaults_to_the_live_one() -> None:
     assert BASE.sim_config(topology).flush_ms == MaintenanceSettings().flush_ms
     longer = Cell(topology=BASE.topology, flush_ms=20.0)
     assert longer.sim_config(topology).flush_ms == 20.0
+
+
+def _processes_naming(text: str) -> list[int]:
+    """Live processes whose command line contains ``text`` (zombies excluded)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if text in cmdline and state != "Z":
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.parametrize("whole_group", [True, False], ids=["ctrl-c", "kill-int"])
+def test_sigint_stops_a_parallel_sweep_at_once_and_the_same_command_resumes(
+    tmp_path: Path, whole_group: bool
+) -> None:
+    """Ctrl-C in a terminal signals the whole process group, workers included;
+    ``kill -INT`` (or ``timeout``) the command alone. Either stops it now: a pool that
+    waited for its queued cells ran all nine before exiting."""
+    out = tmp_path / "grid"
+    cli = "from kvcompass.services.cli import main; raise SystemExit(main())"
+    argv = [sys.executable, "-c", cli, "sim", "sweep"]
+    argv += ["--topology", "testbed-3region", "--workload", "mixed", "--requests", "1500"]
+    argv += ["--policies", "kvcompass,round-robin,random", "--rates", "20,30,40"]
+    argv += ["--jobs", "2", "--out", str(out)]
+    # Its own process group, which a terminal's Ctrl-C signals whole: workers included.
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        poll_until(lambda: list(out.glob("*/summary.json")), 120, "a first finished cell")
+        if whole_group:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGINT)
+        stopped = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert time.monotonic() - stopped < 10, "the sweep waited for its queued cells"
+    assert proc.returncode == 130, err
+    assert err.splitlines()[-1] == (
+        f"kvcompass sim: interrupted; the cells finished so far are kept under {out}: "
+        "the same command runs the rest"
+    )
+    assert "Traceback" not in err
+    poll_until(lambda: not _processes_naming(str(out)), 10, "no worker left running")
+    finished = {p.parent.name for p in out.glob("*/summary.json")}
+    assert 0 < len(finished) < 9
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=True)
+    assert again.returncode == 0
+    assert len(list(out.glob("*/summary.json"))) == 9
+
+
+def test_ctrl_c_in_a_single_run_stops_with_one_line_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sim_cli, "run_cell", interrupted)
+    out = tmp_path / "run"
+    try:
+        code = sim_cli.main(["run", "--requests", "5", "--out", str(out), "--no-progress"])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped kvcompass sim run with a traceback")
+    assert code == 130
+    assert capsys.readouterr().err.splitlines() == ["kvcompass sim: interrupted; nothing written"]
+    assert list(out.iterdir()) == []
