@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
 from types import FrameType, TracebackType
 from typing import Any, TypeVar
 
-__all__ = ["CtrlC"]
+__all__ = ["CtrlC", "sigterm_as_ctrl_c"]
 
 T = TypeVar("T")
 
@@ -80,3 +81,15 @@ class CtrlC:
         if not task.done():
             task.cancel()
             task.get_loop().call_soon_threadsafe(lambda: None)  # wake a waiting select()
+
+
+@contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """SIGTERM raises ``KeyboardInterrupt`` while entered, so a batch command stopped by
+    its supervisor (``kill``, a container's stop) cleans up as after Ctrl-C: a grid's
+    worker processes are terminated rather than left to finish their cells."""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

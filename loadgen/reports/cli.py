@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from importlib import import_module
 from pathlib import Path
 
+from kvcompass.loadgen.ctrl_c import sigterm_as_ctrl_c
 from kvcompass.loadgen.outputs import output_folder
 from kvcompass.loadgen.reports.cells import WORKLOADS
 from kvcompass.loadgen.reports.common import Artefact, repo_root
@@ -200,7 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in names:
         started = time.monotonic()
         try:
-            art = ARTEFACTS[name][1](args)
+            with sigterm_as_ctrl_c():
+                art = ARTEFACTS[name][1](args)
         except KeyboardInterrupt:
             print(
                 f"kvcompass report: interrupted in {name}; the simulations finished so far "

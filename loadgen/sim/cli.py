@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kvcompass.loadgen.ctrl_c import sigterm_as_ctrl_c
 from kvcompass.loadgen.outputs import output_folder
 from kvcompass.loadgen.sim.cell import ABLATIONS, Cell, run_cell
 from kvcompass.loadgen.sim.grid import product, run_grid
@@ -254,7 +255,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return agree_main(argv[1:])
     args = parser().parse_args(argv)
     try:
-        return _run(args) if args.command == "run" else _sweep(args)
+        with sigterm_as_ctrl_c():
+            return _run(args) if args.command == "run" else _sweep(args)
     except (ValueError, KeyError, OSError, tomllib.TOMLDecodeError) as exc:
         print(f"kvcompass sim: {exc}", file=sys.stderr)
         return 2

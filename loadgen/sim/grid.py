@@ -154,14 +154,16 @@ def _finished(
         # stops now, rather than waiting for every queued cell (a ProcessPoolExecutor's
         # shutdown did, and hung after Ctrl-C). A killed cell has no summary.json yet,
         # so a resumed grid runs it again.
-        with multiprocessing.Pool(min(jobs, len(todo)), initializer=_ignore_sigint) as pool:
+        with multiprocessing.Pool(min(jobs, len(todo)), initializer=_worker_signals) as pool:
             work = [(runner, cell, folders[cell]) for cell in todo]
             yield from pool.imap_unordered(_run_one, work)
 
 
-def _ignore_sigint() -> None:
-    """In a worker: Ctrl-C is the parent's to handle (it terminates the workers)."""
+def _worker_signals() -> None:
+    """In a worker: Ctrl-C is the parent's to handle, and the parent's SIGTERM (its
+    ``terminate``) ends the worker silently, whatever handler the fork inherited."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _run_one(work: tuple[CellRunner, Cell, Path]) -> Cell:

@@ -67,13 +67,18 @@ def _processes_naming(text: str) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("whole_group", [True, False], ids=["ctrl-c", "kill-int"])
-def test_sigint_stops_a_parallel_sweep_at_once_and_the_same_command_resumes(
-    tmp_path: Path, whole_group: bool
+@pytest.mark.parametrize(
+    ("whole_group", "signum"),
+    [(True, signal.SIGINT), (False, signal.SIGINT), (False, signal.SIGTERM)],
+    ids=["ctrl-c", "kill-int", "kill-term"],
+)
+def test_a_stop_signal_ends_a_parallel_sweep_at_once_and_the_same_command_resumes(
+    tmp_path: Path, whole_group: bool, signum: signal.Signals
 ) -> None:
     """Ctrl-C in a terminal signals the whole process group, workers included;
-    ``kill -INT`` (or ``timeout``) the command alone. Either stops it now: a pool that
-    waited for its queued cells ran all nine before exiting."""
+    ``kill`` (or ``timeout``, a container's stop) the command alone. Each stops it now:
+    a pool that waited for its queued cells ran all nine before exiting, and after a
+    SIGTERM the workers finished their cells on their own."""
     out = tmp_path / "grid"
     cli = "from kvcompass.services.cli import main; raise SystemExit(main())"
     argv = [sys.executable, "-c", cli, "sim", "sweep"]
@@ -87,9 +92,9 @@ def test_sigint_stops_a_parallel_sweep_at_once_and_the_same_command_resumes(
     try:
         poll_until(lambda: list(out.glob("*/summary.json")), 120, "a first finished cell")
         if whole_group:
-            os.killpg(proc.pid, signal.SIGINT)
+            os.killpg(proc.pid, signum)
         else:
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signum)
         stopped = time.monotonic()
         _, err = proc.communicate(timeout=30)
     finally:
