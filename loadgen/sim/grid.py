@@ -3,11 +3,12 @@
 Layout: ``<root>/<cell.key>/`` per cell (``requests.csv``, ``load.csv``, ``summary.json``)
 and ``<root>/index.csv``, one row per complete cell folder under the root: its cell's
 fields, then its summary (whose ``requests`` is the count simulated). Resume rule: a
-cell whose ``summary.json`` parses (:func:`done_summary`; the simulator writes it last)
-and records the settings this code gives the cell (:func:`recorded_config`) is not run
-again; a folder made under other defaults is run again, and said so. Changes that no
-setting records (the routing core's, a workload generator's or the simulator's code)
-are not rerun but named: each ``summary.json`` records the code's fingerprint
+cell whose ``summary.json`` parses (:func:`done_summary`; the simulator writes it last),
+whose ``requests.csv`` holds that many rows, and which records the settings this code
+gives the cell (:func:`recorded_config`) is not run again; a folder made under other
+defaults, or whose records were cut short (a partial copy), is run again, and said so.
+Changes that no setting records (the routing core's, a workload generator's or the
+simulator's code) are not rerun but named: each ``summary.json`` records the code's fingerprint
 (:func:`~kvcompass.loadgen.sim.fingerprint.code_fingerprint`), and a grid resumed over
 cells another version made says how many; to regenerate them, use a new ``--out``.
 ``kvcompass sim sweep`` and every simulator-based report run their cells through
@@ -56,7 +57,9 @@ def done_summary(folder: Path, cell: Cell | None = None) -> dict[str, Any] | Non
     """The cell's summary if its run completed (summary.json is written last) and, given
     the cell, was made with the settings this code gives it."""
     record = _record(folder)
-    if record is None or (cell is not None and _stale(record, cell) is not None):
+    if record is None or _damage(folder, record) is not None:
+        return None
+    if cell is not None and _stale(record, cell) is not None:
         return None
     summary: dict[str, Any] = record["summary"]
     return summary
@@ -75,6 +78,18 @@ def _record(folder: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) and isinstance(record.get("summary"), dict) else None
+
+
+def _damage(folder: Path, record: dict[str, Any]) -> str | None:
+    """What is wrong with a finished cell's ``requests.csv`` (cut short or gone, e.g. by
+    a partial copy of the results), or None: one row per request its summary counts."""
+    try:
+        with open(folder / "requests.csv", "rb") as f:
+            lines = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    except OSError:
+        return "no requests.csv"
+    rows, expected = lines - 1, record["summary"].get("requests")
+    return None if rows == expected else f"requests.csv holds {rows} of {expected} rows"
 
 
 def _difference(recorded: Any, expected: Any, where: str) -> str | None:
@@ -103,12 +118,16 @@ def run_grid(
     skipped)`` after each cell; a failed cell stops the grid, finished cells stay done."""
     root.mkdir(parents=True, exist_ok=True)
     folders = {cell: root / cell.key for cell in cells}
-    todo, stale, other_code = [], [], []
+    todo, damaged, stale, other_code = [], [], [], []
     code = code_fingerprint()
     for cell, folder in folders.items():
         record = _record(folder)
         if record is None:
             todo.append(cell)
+        elif (damage := _damage(folder, record)) is not None:
+            (folder / "summary.json").unlink()  # as for a stale cell, below
+            todo.append(cell)
+            damaged.append(f"{folder.name} ({damage})")
         elif (setting := _stale(record, cell)) is not None:
             # Gone before the rerun starts, so an interrupted rerun is not taken as done.
             (folder / "summary.json").unlink()
@@ -119,6 +138,12 @@ def run_grid(
                 other_code.append(f"{folder.name} ({record.get('code', _ABSENT)} → {code})")
             if on_done is not None:
                 on_done(cell, True)
+    if damaged:
+        tqdm.write(
+            f"running {len(damaged)} finished cell(s) under {root} again: their records are "
+            f"damaged, e.g. {damaged[0]}",
+            file=sys.stderr,
+        )
     if stale:
         tqdm.write(
             f"running {len(stale)} finished cell(s) under {root} again: made with other "

@@ -28,11 +28,14 @@ class _Counting:
     def __call__(self, cell: Cell, folder: Path) -> None:
         self.ran.append(cell)
         folder.mkdir(parents=True, exist_ok=True)
-        record = {"summary": {}, "config": recorded_config(cell), "code": code_fingerprint()}
+        (folder / "requests.csv").write_text("request_id\nr0\n")
+        record = {"summary": ONE, "config": recorded_config(cell), "code": code_fingerprint()}
         (folder / "summary.json").write_text(json.dumps(record))
 
 
 CELLS = [Cell(p, r) for p in ("kvcompass", "random") for r in (100.0, 200.0)]
+#: The summary of a one-request run, which the counting runner writes.
+ONE = {"requests": 1}
 
 
 def test_second_run_skips_every_complete_cell(tmp_path: Path) -> None:
@@ -54,6 +57,27 @@ def test_incomplete_or_missing_summary_reruns_only_that_cell(tmp_path: Path) -> 
     assert sorted(again.ran, key=str) == sorted(CELLS[:2], key=str)
 
 
+def test_a_cell_whose_requests_were_cut_short_runs_again_and_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A finished cell whose requests.csv lost rows (a partial copy of the results) would
+    feed the reports a fraction of its run: it is not done, and a grid runs it again."""
+    run_grid(CELLS, tmp_path, runner=_Counting(), progress=False)
+    cut, gone = tmp_path / CELLS[0].key, tmp_path / CELLS[3].key
+    (cut / "requests.csv").write_text("request_id\n")
+    (gone / "requests.csv").unlink()
+    assert done_summary(cut) is None
+    assert done_summary(gone, CELLS[3]) is None
+    assert done_summary(tmp_path / CELLS[1].key, CELLS[1]) == ONE
+    again = _Counting()
+    run_grid(CELLS, tmp_path, runner=again, progress=False)
+    assert sorted(again.ran, key=str) == sorted([CELLS[0], CELLS[3]], key=str)
+    err = capsys.readouterr().err
+    assert f"running 2 finished cell(s) under {tmp_path} again: their records are damaged" in err
+    assert "requests.csv holds 0 of 1 rows" in err
+    assert done_summary(cut, CELLS[0]) == ONE
+
+
 def test_a_folder_made_under_other_defaults_runs_again_and_says_which_setting(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -65,7 +89,7 @@ def test_a_folder_made_under_other_defaults_runs_again_and_says_which_setting(
     record = json.loads(old.read_text())
     record["config"]["routing"]["remote_margin_rtt"] = 0.25  # what an older default gave
     old.write_text(json.dumps(record))
-    assert done_summary(old.parent) == {}
+    assert done_summary(old.parent) == ONE
     assert done_summary(old.parent, CELLS[2]) is None
 
     def fails(cell: Cell, folder: Path) -> None:
@@ -78,7 +102,7 @@ def test_a_folder_made_under_other_defaults_runs_again_and_says_which_setting(
     again = _Counting()
     run_grid(CELLS, tmp_path, runner=again, progress=False)
     assert again.ran == [CELLS[2]]
-    assert done_summary(old.parent, CELLS[2]) == {}
+    assert done_summary(old.parent, CELLS[2]) == ONE
 
 
 def test_a_cell_other_code_made_is_kept_and_named(
