@@ -60,9 +60,15 @@ def write_record(out: IO[str], record: RequestRecord) -> None:
 
 
 def read_records(path: str | Path) -> Iterator[RequestRecord]:
+    """The records of a load generator's JSONL file; ValueError naming the file and
+    line if one is not a record (fields it does not know are ignored)."""
     names = {f.name for f in dataclasses.fields(RequestRecord)}
     with open(path) as lines:
-        for line in lines:
-            if line.strip():
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
                 raw = json.loads(line)
                 yield RequestRecord(**{k: v for k, v in raw.items() if k in names})
+            except (ValueError, TypeError, AttributeError) as exc:
+                raise ValueError(f"{path}:{number}: not a request record ({exc})") from None
