@@ -30,7 +30,8 @@ ABLATIONS = tuple(f.name for f in dataclasses.fields(Ablations))
 @dataclass(frozen=True)
 class Cell:
     """The policy at a Poisson rate for a seed, the simulator's knobs and the workload's
-    (the names of ``kvcompass loadgen``).
+    (the names of ``kvcompass loadgen``). With ``trace_times`` a Mooncake trace arrives
+    at its own timestamps divided by ``speed`` instead (``rate`` is then unused).
 
     Arrivals stop at ``duration`` simulated seconds or after ``requests`` of them,
     whichever comes first (None: no such bound). ``resync`` is on by default, as in the
@@ -59,6 +60,7 @@ class Cell:
     region_weights: tuple[float, ...] = ()
     params: tuple[str, ...] = ()
     speed: float = 1.0
+    trace_times: bool = False
     skip: int = 0
     tenants: str = "default"
     max_prompt_tokens: int | None = None
@@ -80,6 +82,8 @@ class Cell:
         # cell, and a run with no arrivals does not print an empty summary.
         if not self.rate > 0:
             raise ValueError(f"rate must be positive, got {self.rate}")
+        if self.trace_times and self.workload != "trace":
+            raise ValueError(f"trace_times replays a trace's arrivals, not {self.workload}'s")
         if self.duration is not None and not self.duration > 0:
             raise ValueError(f"duration must be positive (or unbounded), got {self.duration}")
         if self.requests is not None and self.requests < 1:
@@ -94,7 +98,8 @@ class Cell:
     def key(self) -> str:
         """The cell's folder name: workload, policy (+ ablations), rate, then every field
         that differs from the defaults, so two different cells never share a folder."""
-        parts = [self.workload, "+no-".join((self.policy, *self.ablations)), f"r{self.rate:g}"]
+        arrivals = "trace-times" if self.trace_times else f"r{self.rate:g}"
+        parts = [self.workload, "+no-".join((self.policy, *self.ablations)), arrivals]
         defaults = Cell()
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -120,10 +125,12 @@ class Cell:
         # The load generator's own reading of these options: both replay the same requests.
         args = argparse.Namespace(**dataclasses.asdict(self))
         args.params = list(self.params)
+        if self.trace_times:
+            args.rate = None  # make_workload: the trace's own timestamps
         return workload(args, topology)
 
 
-_IN_HEAD = ("workload", "policy", "ablations", "rate")
+_IN_HEAD = ("workload", "policy", "ablations", "rate", "trace_times")
 #: The cell's fields SimConfig has under the same name and type: handed on as they are.
 _PASSED_ON = tuple(
     f.name

@@ -36,7 +36,12 @@ def _cell_arguments(p: argparse.ArgumentParser, sweep: bool) -> None:
     g.add_argument("--topology", default="sim-8region", help="built-in name or TOML path")
     if not sweep:
         g.add_argument("--policy", default="kvcompass", choices=POLICY_NAMES, help="routing")
-        g.add_argument("--rate", type=float, default=100.0, help="Poisson arrivals per second")
+        g.add_argument(
+            "--rate",
+            type=float,
+            help="Poisson arrivals per second (default 100; --workload trace without it: "
+            "the trace's own arrival times divided by --speed)",
+        )
         g.add_argument("--seed", type=int, default=0, help="seeds the workload and the sim")
     g.add_argument("--duration", type=float, default=30.0, help="simulated seconds of arrivals")
     g.add_argument(
@@ -177,6 +182,8 @@ def _cell(args: argparse.Namespace, **override: Any) -> Cell:
     values = {k: v for k, v in vars(args).items() if k in names and v is not None}
     values |= {"ablations": tuple(args.ablations), "params": tuple(args.params)}
     values["sample_every_s"] = args.sample_every
+    if args.command == "run" and args.rate is None and args.workload == "trace":
+        values["trace_times"] = True
     # A TOML grid gives lists; a cell is hashable (the grid keys its folders by cell).
     values |= {k: tuple(v) if isinstance(v, list) else v for k, v in override.items()}
     return Cell(**values)

@@ -4,6 +4,7 @@ summary.json are not run again; every distinct cell has its own folder."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -264,3 +265,38 @@ def test_a_cell_hands_its_capacity_price_to_kvcompass_and_the_paper_cells_pin_th
 def test_a_cell_refuses_a_capacity_price_without_meaning(tau_ms: float, lambda_max: float) -> None:
     with pytest.raises(ValueError, match="capacity price"):
         Cell("kvcompass", 100, tau_ms=tau_ms, lambda_max=lambda_max)
+
+
+def test_a_trace_cell_replays_the_traces_own_times_when_asked(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    stamps_ms = [5_000, 6_000, 9_000, 13_000]
+    trace.write_text(
+        "".join(
+            json.dumps({"timestamp": t, "input_length": 600, "output_length": 4, "hash_ids": [i]})
+            + "\n"
+            for i, t in enumerate(stamps_ms)
+        )
+    )
+    base = Cell(topology="testbed-3region", workload="trace", trace=trace, duration=None)
+    timed = replace(base, trace_times=True, speed=2.0)
+    topology = topology_of(base.topology)
+    arrivals = [r.at_s for r in timed.requests_of(topology)]
+    assert arrivals == [0.0, 0.5, 2.0, 4.0]  # from the first, halved
+    poisson = [r.at_s for r in base.requests_of(topology)]
+    assert poisson != arrivals
+    assert "__trace-times" in timed.key
+    assert "__r" not in timed.key
+    with pytest.raises(ValueError, match="trace_times replays a trace's arrivals, not mixed's"):
+        Cell(workload="mixed", trace_times=True)
+
+
+def test_sim_run_replays_a_trace_at_its_own_times_unless_given_a_rate() -> None:
+    def cell(*extra: str) -> Cell:
+        args = sim_cli.parser().parse_args(["run", "--workload", "trace", *extra])
+        return sim_cli._cell(args)
+
+    assert cell().trace_times
+    assert not cell("--rate", "40").trace_times
+    assert cell("--rate", "40").rate == 40.0
+    mixed = sim_cli._cell(sim_cli.parser().parse_args(["run", "--workload", "mixed"]))
+    assert (mixed.trace_times, mixed.rate) == (False, 100.0)
