@@ -82,6 +82,8 @@ class Cell:
         # cell, and a run with no arrivals does not print an empty summary.
         if not self.rate > 0:
             raise ValueError(f"rate must be positive, got {self.rate}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
         if self.trace_times and self.workload != "trace":
             raise ValueError(f"trace_times replays a trace's arrivals, not {self.workload}'s")
         if self.duration is not None and not self.duration > 0:

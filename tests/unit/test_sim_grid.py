@@ -290,6 +290,11 @@ def test_a_trace_cell_replays_the_traces_own_times_when_asked(tmp_path: Path) ->
         Cell(workload="mixed", trace_times=True)
 
 
+def test_a_negative_seed_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match=r"^seed must be >= 0, got -1$"):
+        Cell(seed=-1)
+
+
 def test_sim_run_replays_a_trace_at_its_own_times_unless_given_a_rate() -> None:
     def cell(*extra: str) -> Cell:
         args = sim_cli.parser().parse_args(["run", "--workload", "trace", *extra])
