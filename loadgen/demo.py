@@ -156,6 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     out: Path = args.out
     try:
+        _scenario(args, args.topology)  # every flag checked before anything starts
         output_folder(out)
     except ValueError as exc:
         print(f"kvcompass demo: {exc}", file=sys.stderr)

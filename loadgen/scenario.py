@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from kvcompass.routing import routing_config
+
 __all__ = ["SCENARIO_FILE", "DemoScenario"]
 
 SCENARIO_FILE: Final = "scenario.json"
@@ -37,6 +39,15 @@ class DemoScenario:
     prefix_chain: bool
     tau_ms: float
     lambda_max: float
+
+    def __post_init__(self) -> None:
+        """ValueError naming the first setting without meaning (as the demo's flag)."""
+        for name in ("seconds", "rate", "time_scale"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        routing_config(self)  # the router's own checks of the five routing settings
 
     def write(self, folder: Path) -> Path:
         path = folder / SCENARIO_FILE

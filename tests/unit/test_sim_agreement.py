@@ -150,7 +150,31 @@ def test_a_flag_contradicting_the_recorded_scenario_stops_with_one_line(
     assert err[0].endswith(f"recorded in {tmp_path / 'scenario.json'}: omit the flag")
 
 
-@pytest.mark.parametrize("text", ["{", "[]", '{"topology": "x"}'])
+def _valid_scenario_fields() -> dict[str, object]:
+    return {
+        "topology": "testbed-3region",
+        "seconds": 6.0,
+        "rate": 3.0,
+        "seed": 3,
+        "time_scale": 1.0,
+        "remote_margin_rtt": 1.0,
+        "pending_credit": True,
+        "prefix_chain": True,
+        "tau_ms": 10.0,
+        "lambda_max": 80.0,
+    }
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{",
+        "[]",
+        '{"topology": "x"}',
+        json.dumps(_valid_scenario_fields() | {"seconds": 0}),
+        json.dumps(_valid_scenario_fields() | {"tau_ms": -5}),
+    ],
+)
 def test_a_corrupt_scenario_stops_with_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
 ) -> None:

@@ -19,6 +19,7 @@ The three the paper does not fix, and why we chose these values:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypedDict
 
@@ -125,18 +126,24 @@ class RoutingConfig:
     ablations: Ablations = field(default_factory=Ablations)
 
     def __post_init__(self) -> None:
-        if self.broadcast_period_s <= 0 or self.hot_window_s <= 0 or self.tau_ms <= 0:
-            raise ValueError("broadcast_period_s, hot_window_s and tau_ms must be positive")
-        if not 0 < self.piggyback_weight <= 1 or not 0 < self.belief_weight <= 1:
-            raise ValueError("piggyback_weight and belief_weight must be in (0, 1]")
-        if self.lambda_max < 0 or self.idle_for_s < 0:
-            raise ValueError("lambda_max and idle_for_s must be >= 0")
-        if not self.remote_margin_rtt >= 0:
-            raise ValueError(f"remote_margin_rtt must be >= 0, got {self.remote_margin_rtt}")
-        if not self.pending_slack_s >= 0:
-            raise ValueError(f"pending_slack_s must be >= 0, got {self.pending_slack_s}")
-        if self.hot_misses < 1 or self.fallbacks < 0 or self.max_families < 1:
-            raise ValueError("hot_misses and max_families must be >= 1, fallbacks >= 0")
+        """ValueError naming the first setting out of its range, with its value."""
+        # Written as "not in range", so that NaN fails every check.
+        ranges: tuple[tuple[tuple[str, ...], Callable[[float], bool], str], ...] = (
+            (("broadcast_period_s", "hot_window_s", "tau_ms"), lambda v: v > 0, "positive"),
+            (("piggyback_weight", "belief_weight"), lambda v: 0 < v <= 1, "in (0, 1]"),
+            (
+                ("lambda_max", "idle_for_s", "remote_margin_rtt", "pending_slack_s"),
+                lambda v: v >= 0,
+                ">= 0",
+            ),
+            (("hot_misses", "max_families"), lambda v: v >= 1, ">= 1"),
+            (("fallbacks",), lambda v: v >= 0, ">= 0"),
+        )
+        for names, fits, wanted in ranges:
+            for name in names:
+                value = getattr(self, name)
+                if not fits(value):
+                    raise ValueError(f"{name} must be {wanted}, got {value}")
 
 
 class ShippedChoices(Protocol):

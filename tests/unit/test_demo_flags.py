@@ -1,0 +1,41 @@
+"""``kvcompass demo`` checks every flag before it starts anything: a value without
+meaning stops it with one line naming the setting, exit 2, and no stack, no folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvcompass.loadgen import demo
+from kvcompass.loadgen.scenario import DemoScenario
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (["--seconds", "0"], "seconds must be positive, got 0.0"),
+        (["--rate", "-1"], "rate must be positive, got -1.0"),
+        (["--time-scale", "0"], "time_scale must be positive, got 0.0"),
+        (["--seed", "-1"], "seed must be >= 0, got -1"),
+        (["--tau-ms", "0"], "tau_ms must be positive, got 0.0"),
+        (["--lambda-max", "-1"], "lambda_max must be >= 0, got -1.0"),
+        (["--remote-margin-rtt", "nan"], "remote_margin_rtt must be >= 0, got nan"),
+    ],
+)
+def test_a_meaningless_flag_stops_the_demo_before_it_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], line: str
+) -> None:
+    out = tmp_path / "demo"
+    assert demo.main([*flags, "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [f"kvcompass demo: {line}"]
+    assert captured.out == ""
+    assert not out.exists()
+
+
+def test_the_defaults_make_a_valid_scenario() -> None:
+    args = demo._parser().parse_args([])
+    scenario = demo._scenario(args, args.topology)
+    assert isinstance(scenario, DemoScenario)
+    assert scenario.seconds > 0
