@@ -159,8 +159,28 @@ def _topology(name_or_path: str) -> Topology:
     return load_topology(Path(name_or_path))
 
 
+def _check_bounds(args: argparse.Namespace) -> None:
+    """ValueError naming the first workload option without meaning (a zero or negative
+    bound would describe, replay or simulate no request, or empty prompts)."""
+    for name, least in (
+        ("requests", 1),
+        ("max_prompt_tokens", 1),
+        ("max_tokens", 1),
+        ("seed", 0),
+        ("skip", 0),
+    ):
+        value = getattr(args, name, None)
+        if value is not None and not value >= least:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
+    for name in ("duration", "speed"):
+        value = getattr(args, name, None)
+        if value is not None and not value > 0:
+            raise ValueError(f"--{name} must be positive, got {value}")
+
+
 def workload(args: argparse.Namespace, topology: Topology) -> Iterator[LiveRequest]:
     """The requests the arguments describe, bounded by --duration / --requests."""
+    _check_bounds(args)
     params: dict[str, Any] = _pairs(",".join(args.params)) if args.params else {}
     seed = int(params.pop("seed", args.seed))
     rate = float(params.pop("rate")) if "rate" in params else args.rate

@@ -38,6 +38,12 @@ class DriverConfig:
     timeout_s: float = 120.0
     max_in_flight: int = 4096
 
+    def __post_init__(self) -> None:
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout must be positive, got {self.timeout_s}")
+        if self.max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be at least 1, got {self.max_in_flight}")
+
 
 @dataclass(frozen=True)
 class RunResult:

@@ -203,3 +203,28 @@ def test_readme_documents_every_generated_workload_parameter() -> None:
     for param, default, _ in workload_config("wildchat").parameters():
         both = f"| `{param}` | `{default!r}` | `{lmsys[param]!r}` |"
         assert f"| `{param}` | `{default!r}` |" in readme or both in readme, param
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (["--requests", "0"], "--requests must be at least 1, got 0"),
+        (["--duration", "-1"], "--duration must be positive, got -1.0"),
+        (["--seed", "-1"], "--seed must be at least 0, got -1"),
+        (["--max-prompt-tokens", "0"], "--max-prompt-tokens must be at least 1, got 0"),
+        (["--max-tokens", "0"], "--max-tokens must be at least 1, got 0"),
+        (["--speed", "0", "--azure", "x.csv", "--workload", "mixed"], "--speed must be positive"),
+        (["--timeout", "0", "--routers", "us=http://127.0.0.1:9"], "timeout must be positive"),
+        (["--max-in-flight", "0", "--routers", "us=http://127.0.0.1:9"], "max_in_flight must"),
+    ],
+)
+def test_a_bound_without_meaning_is_refused_in_one_line(
+    capsys: pytest.CaptureFixture[str], flags: list[str], line: str
+) -> None:
+    bounded = [] if "--requests" in flags or "--duration" in flags else ["--requests", "5"]
+    dry = [] if "--routers" in flags else ["--dry-run"]
+    assert main([*flags, *bounded, *dry]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (err,) = captured.err.splitlines()
+    assert err.startswith(f"kvcompass loadgen: {line}"), err
