@@ -119,10 +119,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "index-demo":
         from kvcompass.loadgen.index_demo import run_index_demo
 
-        if args.entries < 1:
-            print("kvcompass: --entries must be positive", file=sys.stderr)
+        try:
+            if args.entries < 1:
+                raise ValueError(f"--entries must be positive, got {args.entries}")
+            if args.seed < 0:
+                raise ValueError(f"--seed must be >= 0, got {args.seed}")
+            report = run_index_demo(args.topology, args.entries, args.fingerprint_bits, args.seed)
+        except ValueError as exc:  # the settings' own checks (fingerprint bits)
+            print(f"kvcompass index-demo: {exc}", file=sys.stderr)
             return 2
-        report = run_index_demo(args.topology, args.entries, args.fingerprint_bits, args.seed)
         print(report.render())
         return 0
     return 2  # pragma: no cover - argparse rejects unknown commands
