@@ -80,7 +80,12 @@ def test_a_stop_signal_ends_a_parallel_sweep_at_once_and_the_same_command_resume
     a pool that waited for its queued cells ran all nine before exiting, and after a
     SIGTERM the workers finished their cells on their own."""
     out = tmp_path / "grid"
-    cli = "from kvcompass.services.cli import main; raise SystemExit(main())"
+    # A shell starts background jobs with SIGINT ignored, and Python then keeps it so:
+    # the command runs here as a terminal would start it, Ctrl-C raising.
+    cli = (
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from kvcompass.services.cli import main; raise SystemExit(main())"
+    )
     argv = [sys.executable, "-c", cli, "sim", "sweep"]
     argv += ["--topology", "testbed-3region", "--workload", "mixed", "--requests", "1500"]
     argv += ["--policies", "kvcompass,round-robin,random", "--rates", "20,30,40"]
