@@ -42,7 +42,7 @@ from kvcompass.loadgen.sim.fingerprint import code_fingerprint
 from kvcompass.loadgen.sim.records import SimRecord
 from kvcompass.loadgen.sim.simulator import simulate
 from kvcompass.loadgen.workloads import LiveRequest
-from kvcompass.routing import routing_config
+from kvcompass.routing import POLICY_NAMES, routing_config
 from kvcompass.topology import Topology
 
 __all__ = ["TOLERANCE", "Gap", "compare", "main", "measured_overhead", "scenario_of"]
@@ -235,7 +235,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Compare the simulator with a live demo run's records (same scenario).",
     )
     p.add_argument("--live", type=Path, required=True, help="records-<policy>.jsonl of the demo")
-    p.add_argument("--policy", default="kvcompass", help="the policy of that live run")
+    p.add_argument(
+        "--policy", default="kvcompass", choices=POLICY_NAMES, help="the policy of that live run"
+    )
     p.add_argument("--update-delay-ms", type=float, default=0.0, help="MU → edge delay to model")
     demo = p.add_argument_group(
         "the demo's scenario",
@@ -290,10 +292,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         overhead = args.serving_overhead_ms
         if overhead is None:
             overhead = _measure(args, scenario, topology, requests, live)
+        config = _config(args, scenario, topology, overhead)  # checks the flags' values
     except (OSError, ValueError, KeyError) as exc:
         print(f"kvcompass sim agree: {exc}", file=sys.stderr)
         return 2
-    config = _config(args, scenario, topology, overhead)
     gaps, facts = compare(simulate(config, requests).records, live, scenario.time_scale)
     facts["serving_overhead_ms"] = overhead
     print(render(gaps, facts))

@@ -57,16 +57,17 @@ class SimConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.update_loss <= 1:
             raise ValueError(f"update_loss must be in [0, 1], got {self.update_loss}")
-        if min(self.update_delay_ms, self.serving_overhead_ms) < 0:
-            raise ValueError("update_delay_ms and serving_overhead_ms must be >= 0")
+        for name in ("update_delay_ms", "serving_overhead_ms"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.jitter_pct < 100:
             raise ValueError(f"jitter_pct must be in [0, 100), got {self.jitter_pct}")
         positive = ("sample_every_s", "flush_ms", "snapshot_every_s", "local_period_s")
         for name in positive:
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive")
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.shards < 1:
-            raise ValueError("shards must be at least 1")
+            raise ValueError(f"shards must be at least 1, got {self.shards}")
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-able: the topology by name, the routing knobs as nested dicts."""

@@ -209,3 +209,21 @@ def test_agree_on_a_demo_folder_compares_its_scenario_and_says_what_it_compared(
     assert written["facts"]["joined"] == len(requests) > 0
     assert all(g["gap"] == 0 for g in written["gaps"]), written["gaps"]
     assert "same_worker_share 1.000" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (["--serving-overhead-ms", "-1"], "serving_overhead_ms must be >= 0, got -1.0"),
+        (["--update-delay-ms", "-5", "--serving-overhead-ms", "1"], "update_delay_ms must be"),
+    ],
+)
+def test_a_meaningless_simulation_flag_stops_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], line: str
+) -> None:
+    dataclasses.replace(default_scenario(), seconds=2.0).write(tmp_path)
+    live = tmp_path / "records-kvcompass.jsonl"
+    live.write_text("")
+    assert agreement_main(["--live", str(live), *flags]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err.startswith(f"kvcompass sim agree: {line}"), err
