@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import fcntl
 import json
 import multiprocessing
+import os
 import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -115,8 +118,44 @@ def run_grid(
 ) -> dict[Cell, Path]:
     """Run every cell not done yet (in this process with ``jobs`` 1, else in ``jobs``
     processes), write ``index.csv`` and return each cell's folder. ``on_done(cell,
-    skipped)`` after each cell; a failed cell stops the grid, finished cells stay done."""
+    skipped)`` after each cell; a failed cell stops the grid, finished cells stay done.
+    One grid at a time per ``root``: another waits for it, then resumes over its cells."""
     root.mkdir(parents=True, exist_ok=True)
+    with _one_grid_at_a_time(root):
+        return _run_grid(cells, root, jobs, runner, progress, on_done)
+
+
+@contextmanager
+def _one_grid_at_a_time(root: Path) -> Iterator[None]:
+    """An exclusive lock on ``root``. Two reports sharing an ``--out`` (fig12 and fig13
+    both need fig12's focus-rate cells) would otherwise run and write the same cell
+    folders at once; the second now says whom it waits for, and then finds them done."""
+    with open(root / ".grid.lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another run"
+            tqdm.write(f"waiting for {holder}, which runs a grid under {root}", file=sys.stderr)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()}")
+        lock.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _run_grid(
+    cells: Sequence[Cell],
+    root: Path,
+    jobs: int,
+    runner: CellRunner,
+    progress: bool,
+    on_done: Callable[[Cell, bool], None] | None,
+) -> dict[Cell, Path]:
     folders = {cell: root / cell.key for cell in cells}
     todo, damaged, stale, other_code = [], [], [], []
     code = code_fingerprint()

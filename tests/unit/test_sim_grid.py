@@ -3,7 +3,9 @@ summary.json are not run again; every distinct cell has its own folder."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from kvcompass.loadgen.sim.cell import Cell, recorded_config, topology_of
 from kvcompass.loadgen.sim.fingerprint import code_fingerprint, fingerprint_of
 from kvcompass.loadgen.sim.grid import done_summary, run_grid
 from kvcompass.loadgen.sim.testing import shared_prefixes
+from kvcompass.loadgen.testing import poll_until
 from kvcompass.routing.testing import TOY
 
 
@@ -305,3 +308,35 @@ def test_sim_run_replays_a_trace_at_its_own_times_unless_given_a_rate() -> None:
     assert cell("--rate", "40").rate == 40.0
     mixed = sim_cli._cell(sim_cli.parser().parse_args(["run", "--workload", "mixed"]))
     assert (mixed.trace_times, mixed.rate) == (False, 100.0)
+
+
+def test_a_second_grid_on_one_folder_waits_for_the_first_then_finds_its_cells_done(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two reports sharing an --out (fig12 and fig13 need the same cells) must not write
+    the same cell folders at once."""
+    first = _Counting()
+    with open(tmp_path / ".grid.lock", "a+") as held:  # what a running grid holds
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.write("pid 4242")
+        held.flush()
+        second = _Counting()
+        waiting = threading.Thread(
+            target=run_grid, args=(CELLS, tmp_path), kwargs={"runner": second}
+        )
+        waiting.start()
+        poll_until(
+            lambda: "waiting for pid 4242, which runs a grid under" in capsys.readouterr().err,
+            10,
+            "the second grid says whom it waits for",
+        )
+        assert second.ran == []  # nothing run, nothing written while the first holds it
+        run_grid(CELLS[:2], tmp_path / "elsewhere", runner=first)  # other folders: no wait
+        assert len(first.ran) == 2
+        fcntl.flock(held, fcntl.LOCK_UN)
+    waiting.join(timeout=10)
+    assert not waiting.is_alive()
+    assert sorted(second.ran, key=str) == sorted(CELLS, key=str)
+    again = _Counting()
+    run_grid(CELLS, tmp_path, runner=again)
+    assert again.ran == []  # the lock is free again, and every cell done
