@@ -10,7 +10,7 @@ Usage: kvcompass demo [--seconds S] [--rate R] [--seed N] [--out DIR]   (--help)
        kvcompass wanproxy [--help]   (the WAN delay proxy; settings from KVC_* variables)
        kvcompass loadgen [options]   (replay a workload against the edge routers; --help)
        kvcompass report ARTEFACT [--quick] [--out DIR] [--jobs N]   (a paper figure; --help)
-       kvcompass sim run|sweep [options] (the event-driven simulator; --help)
+       kvcompass sim run|sweep|agree [options] (the event-driven simulator; --help)
 """
 
 from __future__ import annotations
@@ -70,6 +70,16 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return _command(argv)
+    except KeyboardInterrupt:
+        # The services, demo, loadgen, sim and report handle Ctrl-C themselves; this
+        # covers the short commands that do not (index-demo, sim agree, infra).
+        print(f"{' '.join(['kvcompass', *argv[:1]])}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _command(argv: list[str]) -> int:
     # Each command imports its own clients only when it runs.
     if argv[:1] == ["demo"]:
         from kvcompass.loadgen.demo import main as demo_main
