@@ -256,6 +256,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if not args.routers:
             raise ValueError("--routers is required (e.g. us=http://127.0.0.1:8000)")
+        strangers = sorted(set(args.routers) - {r.name for r in topology.regions})
+        if strangers:
+            raise ValueError(
+                f"--routers names no region of {topology.name}: {', '.join(strangers)} "
+                f"(its regions: {', '.join(r.name for r in topology.regions)})"
+            )
         api_keys = {tenant: key for key, tenant in args.api_keys.items()}
         config = DriverConfig(
             routers=args.routers,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -39,6 +40,10 @@ class DriverConfig:
     max_in_flight: int = 4096
 
     def __post_init__(self) -> None:
+        for region, url in self.routers.items():
+            parts = urllib.parse.urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"router {region}={url} is not an http(s)://host:port URL")
         if not self.timeout_s > 0:
             raise ValueError(f"timeout must be positive, got {self.timeout_s}")
         if self.max_in_flight < 1:

@@ -216,9 +216,11 @@ def test_readme_documents_every_generated_workload_parameter() -> None:
         (["--speed", "0", "--azure", "x.csv", "--workload", "mixed"], "--speed must be positive"),
         (["--timeout", "0", "--routers", "us=http://127.0.0.1:9"], "timeout must be positive"),
         (["--max-in-flight", "0", "--routers", "us=http://127.0.0.1:9"], "max_in_flight must"),
+        (["--routers", "us=notaurl"], "router us=notaurl is not an http(s)://host:port URL"),
+        (["--routers", "mars=http://127.0.0.1:9"], "--routers names no region of testbed-3reg"),
     ],
 )
-def test_a_bound_without_meaning_is_refused_in_one_line(
+def test_a_setting_without_meaning_is_refused_in_one_line(
     capsys: pytest.CaptureFixture[str], flags: list[str], line: str
 ) -> None:
     bounded = [] if "--requests" in flags or "--duration" in flags else ["--requests", "5"]
