@@ -16,6 +16,7 @@ from kvcompass.loadgen.ctrl_c import sigterm_as_ctrl_c
 from kvcompass.loadgen.outputs import output_folder
 from kvcompass.loadgen.sim.cell import ABLATIONS, Cell, run_cell
 from kvcompass.loadgen.sim.grid import product, run_grid
+from kvcompass.loadgen.sim.grid_file import read_grid_file
 from kvcompass.loadgen.sim.records import SimResult
 from kvcompass.loadgen.workloads import WORKLOADS
 from kvcompass.routing import PAPER_PRICE, POLICY_NAMES, RoutingConfig
@@ -239,11 +240,7 @@ def _sweep(args: argparse.Namespace) -> int:
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     override: dict[str, Any] = {}
     if args.grid is not None:
-        spec = tomllib.loads(args.grid.read_text())
-        policies = list(spec.pop("policies", policies))
-        rates = [float(r) for r in spec.pop("rates", rates)]
-        seeds = [int(s) for s in spec.pop("seeds", seeds)]
-        override = spec
+        policies, rates, seeds, override = read_grid_file(args.grid, policies, rates, seeds)
     unknown = sorted(set(policies) - set(POLICY_NAMES))
     if unknown:
         raise ValueError(f"unknown policies {unknown}; known: {', '.join(POLICY_NAMES)}")

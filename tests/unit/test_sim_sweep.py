@@ -135,3 +135,43 @@ def test_ctrl_c_in_a_single_run_stops_with_one_line_and_writes_nothing(
     assert code == 130
     assert capsys.readouterr().err.splitlines() == ["kvcompass sim: interrupted; nothing written"]
     assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("requestz = 10", "unknown option 'requestz'; known: ablations, azure, "),
+        ('requests = "ten"', "requests must be int | None, got 'ten'"),
+        ("resync = 1", "resync must be bool, got 1"),
+        ("duration = true", "duration must be float | None, got True"),
+        ('region_weights = ["a"]', "region_weights must be tuple[float, ...], got ['a']"),
+        ("rate = 5.0", "unknown option 'rate'"),
+        ('policies = "random"', "policies must be a list, e.g. policies = [...], got 'random'"),
+        ("rates = [true]", "rates must be a list"),
+        ("requests = [", "Invalid value"),
+    ],
+)
+def test_a_grid_file_with_a_wrong_key_or_type_stops_with_one_line_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, why: str
+) -> None:
+    grid = tmp_path / "grid.toml"
+    base = {"policies": 'policies = ["random"]', "rates": "rates = [5.0]"}
+    given = text.split(" = ")[0]
+    grid.write_text("\n".join([*(v for k, v in base.items() if k != given), text]) + "\n")
+    out = tmp_path / "out"
+    assert sim_cli.main(["sweep", "--grid", str(grid), "--out", str(out)]) == 2
+    (err,) = capsys.readouterr().err.splitlines()
+    assert err.startswith(f"kvcompass sim: {grid}: {why}"), err
+    assert not out.exists()
+
+
+def test_a_grid_file_may_write_floats_as_integers_and_tuples_as_lists(tmp_path: Path) -> None:
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        'policies = ["random"]\nrates = [5]\nseeds = [0, 1]\nduration = 2\nrequests = 10\n'
+        'topology = "testbed-3region"\nparams = ["answer_tokens_max=16"]\n'
+        "region_weights = [1, 1, 2]\nresync = false\n"
+    )
+    out = tmp_path / "out"
+    assert sim_cli.main(["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "1"]) == 0
+    assert len(list(out.glob("*/summary.json"))) == 2
