@@ -210,6 +210,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 130
+        except OSError as exc:  # the machine's, not the report's: a full disk, say
+            print(
+                f"kvcompass report: {name} stopped writing under {args.out}: {exc}; the "
+                "simulations finished so far are kept: the same command runs the rest",
+                file=sys.stderr,
+            )
+            return 2
         took.append((name, time.monotonic() - started))
         print(art.table())
         print(f"wrote {args.out / art.name}.{{png,csv,json}}")

@@ -4,6 +4,7 @@ earlier runs, with each PNG copied to ``--figures``."""
 from __future__ import annotations
 
 import argparse
+import errno
 from importlib import import_module
 from pathlib import Path
 
@@ -140,4 +141,22 @@ def test_ctrl_c_in_an_artefact_stops_with_one_line_and_exit_130(
     assert capsys.readouterr().err.splitlines() == [
         f"kvcompass report: interrupted in fig9; the simulations finished so far are kept "
         f"under {tmp_path}: the same command runs the rest"
+    ]
+
+
+def test_a_full_disk_in_an_artefact_stops_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def disk_full(args: argparse.Namespace) -> Artefact:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setitem(cli.ARTEFACTS, "fig9", ("", disk_full))
+    try:
+        code = cli.main(["fig9", "--out", str(tmp_path)])
+    except OSError:
+        pytest.fail("a full disk escaped kvcompass report with a traceback")
+    assert code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"kvcompass report: fig9 stopped writing under {tmp_path}: [Errno 28] No space left "
+        "on device; the simulations finished so far are kept: the same command runs the rest"
     ]
