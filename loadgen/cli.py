@@ -288,7 +288,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = result.summary
     print(render_side_by_side([summary]))
     if args.summary_json:
-        args.summary_json.write_text(json.dumps(dataclasses.asdict(summary), indent=2) + "\n")
+        try:
+            args.summary_json.write_text(json.dumps(dataclasses.asdict(summary), indent=2) + "\n")
+        except OSError as exc:
+            print(f"kvcompass loadgen: cannot write {args.summary_json}: {exc}", file=sys.stderr)
+            return 2
+    if result.write_error is not None:
+        print(
+            f"kvcompass loadgen: {args.out} is incomplete ({result.write_error}); the "
+            "summary above covers every request",
+            file=sys.stderr,
+        )
+        return 2
     if result.interrupted:
         print(
             "kvcompass loadgen: interrupted; the summary covers finished requests", file=sys.stderr

@@ -221,6 +221,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 stack.check_alive()
                 if result.interrupted:
                     raise KeyboardInterrupt
+                if result.write_error is not None:  # a full disk, say: stop, say which file
+                    print(
+                        f"kvcompass demo: cannot write {policy}'s records under {out}: "
+                        f"{result.write_error}",
+                        file=sys.stderr,
+                    )
+                    return 1
                 runs.append(result.summary)
                 records[policy] = result.records
             ctrl_c.check()

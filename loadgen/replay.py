@@ -25,6 +25,9 @@ class Replay:
     summary: RunSummary
     records: list[RequestRecord]
     interrupted: bool  # Ctrl-C: the summary covers the requests that had finished
+    #: Why the records file is incomplete (a full disk, say), or None. The replay goes on
+    #: without it: the summary and ``records`` hold every request.
+    write_error: OSError | None = None
 
 
 def replay(
@@ -43,17 +46,22 @@ def replay(
     progress bar's length, if known; ``ctrl_c``: the caller's, if it owns SIGINT already.
     Ctrl-C ends the run early (``Replay.interrupted``)."""
     records: list[RequestRecord] = []
+    write_error: OSError | None = None
+    # Closed by hand below, where a failed flush of its last lines becomes write_error.
+    sink = open(out, "w") if out is not None else None  # noqa: SIM115
     with ExitStack() as stack:
         interrupt = stack.enter_context(nullcontext(ctrl_c) if ctrl_c else CtrlC())
-        sink = stack.enter_context(open(out, "w")) if out is not None else None
         bar = stack.enter_context(tqdm(total=total, unit="req", disable=not progress))
         errors = 0
 
         def on_record(record: RequestRecord) -> None:
-            nonlocal errors
+            nonlocal errors, write_error
             records.append(record)
-            if sink is not None:
-                write_record(sink, record)
+            if sink is not None and write_error is None:
+                try:
+                    write_record(sink, record)
+                except OSError as exc:  # the answers still count; the file stops here
+                    write_error = exc
             errors += not record.ok
             bar.update(1)
             bar.set_postfix(errors=errors, refresh=False)
@@ -65,4 +73,10 @@ def replay(
         except KeyboardInterrupt:
             duration_s = time.perf_counter() - start
             interrupted = True
-    return Replay(summarize(name, records, duration_s, regions), records, interrupted)
+        finally:
+            if sink is not None:
+                try:
+                    sink.close()  # closed even if its last buffered lines fail
+                except OSError as exc:
+                    write_error = write_error or exc
+    return Replay(summarize(name, records, duration_s, regions), records, interrupted, write_error)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import threading
 import time
@@ -292,6 +293,34 @@ def test_command_line_writes_records_and_prints_the_summary(
     printed = capsys.readouterr().out
     assert printed.splitlines()[0].split() == ["region", "metric", "kvcompass"]
     assert json.loads(summary.read_text())["regions"][-1]["requests"] == 12
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_a_full_disk_leaves_the_replay_running_and_stops_the_command_with_one_line(
+    standin: StandIn, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """/dev/full refuses every write (ENOSPC): the records file is incomplete, but every
+    request is still sent and summarised, and the command says so in one line."""
+    status = main(
+        [
+            "--requests", "12",
+            "--rate", "40",
+            "--set", "system_tokens_min=64,system_tokens_max=128",
+            "--max-tokens", "3",
+            "--routers", f"us={standin.url},eu={standin.url},asia={standin.url}",
+            "--out", "/dev/full",
+            "--no-progress",
+        ]
+    )  # fmt: skip
+    assert status == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        "kvcompass loadgen: /dev/full is incomplete ([Errno 28] No space left on device); "
+        "the summary above covers every request"
+    ]
+    sent = re.search(r"^all\s+requests \(errors\)\s+(\d+) \(", captured.out, re.M)
+    assert sent is not None, captured.out
+    assert sent.group(1) == "12", captured.out  # every request sent and summarised
 
 
 def test_streaming_through_the_wan_proxy_pays_the_round_trip(standin: StandIn) -> None:
