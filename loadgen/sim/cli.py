@@ -136,6 +136,8 @@ def _cell_arguments(p: argparse.ArgumentParser, sweep: bool) -> None:
         help="a synthetic workload parameter (kvcompass loadgen --help lists them)",
     )
     w.add_argument("--speed", type=float, default=1.0, help="trace / Azure time divided by this")
+    w.add_argument("--skip", type=int, default=0, help="trace records skipped from the start")
+    w.add_argument("--tenants", default="default", help="trace: comma list of tenant names")
     w.add_argument("--max-prompt-tokens", type=int, help="cut longer prompts")
     w.add_argument("--max-tokens", type=int, help="cap each request's max_tokens")
 

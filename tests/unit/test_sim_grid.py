@@ -340,3 +340,9 @@ def test_a_second_grid_on_one_folder_waits_for_the_first_then_finds_its_cells_do
     again = _Counting()
     run_grid(CELLS, tmp_path, runner=again)
     assert again.ran == []  # the lock is free again, and every cell done
+
+
+def test_sim_run_takes_the_load_generators_trace_options() -> None:
+    argv = ["run", "--workload", "trace", "--skip", "100", "--tenants", "a,b", "--speed", "3"]
+    cell = sim_cli._cell(sim_cli.parser().parse_args(argv))
+    assert (cell.skip, cell.tenants, cell.speed) == (100, "a,b", 3.0)
