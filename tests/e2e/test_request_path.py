@@ -59,7 +59,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
         separate_workers=("us-7",),
         # A busy CI machine can deliver queue vectors more than the default 1 s late;
         # dropped as stale, the routers would never see a holder's queue.
-        extra_env={"KVC_QUEUE_MAX_AGE_S": "5"},
+        # Likewise the pending credit (0.5 s past the queue it was routed on by default):
+        # the credit test must see it between two of its own HTTP calls.
+        extra_env={"KVC_QUEUE_MAX_AGE_S": "5", "KVC_PENDING_SLACK_S": "5"},
     )
     stack = LocalStack(config)
     stack.start()
