@@ -96,6 +96,34 @@ def test_ctrl_c_stops_every_component_and_exits_130(tmp_path: Path) -> None:
     assert not _stack_segments(), "shared memory left behind"
 
 
+def test_a_full_disk_under_the_records_stops_the_demo_with_one_line(tmp_path: Path) -> None:
+    """A full disk under the records: the first run's file refuses every write (it is
+    /dev/full). The demo stops after that run with one line naming the file's policy and
+    folder, exit 1, and leaves no component or shared memory behind."""
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / "records-local-least-loaded.jsonl").symlink_to("/dev/full")
+    demo = [sys.executable, "-m", "kvcompass.services.cli", "demo", "--seconds", "4"]
+    done = subprocess.run(
+        [*demo, "--out", str(out)],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == (
+        f"kvcompass demo: cannot write local-least-loaded's records under {out}: "
+        "[Errno 28] No space left on device"
+    ), done.stderr[-3000:]
+    assert "replaying with kvcompass" not in done.stdout  # it stopped after the first run
+    poll_until(lambda: not _children_of_stack(out), 30, "every demo component gone")
+    assert not _stack_segments(), "shared memory left behind"
+
+
 def _stack_segments() -> list[str]:
     """Shared-memory segments of any LocalStack's edges (``kvc<tag><region>-...``)."""
     pattern = re.compile(r"kvc[0-9a-f]{6}(us|eu|asia)-")
