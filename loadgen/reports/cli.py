@@ -105,7 +105,7 @@ ARTEFACTS: dict[str, tuple[str, Maker]] = {
     "fig5b": ("latency-derived levels vs fixed grids, by table budget (traces)", _fig5b),
     "table5": ("structural false hits of the keyless index by load, ± fingerprints", _table5),
     "fig9": ("mean queueing delay vs offered load, with the M/G/1 curve (sim)", _simulated("fig9")),
-    "fig12": ("P99 TTFT vs rate, TTFT/E2E CDFs, throughput; sim-8region (sim)", _fig12),
+    "fig12": ("P99 TTFT, throughput vs rate; TTFT/E2E CDFs at 1.5 λ0; sim-8region (sim)", _fig12),
     "headline": (
         "every scheme's P99 TTFT and throughput ÷ KVCompass's, 3 seeds (sim)",
         _simulated("headline"),
@@ -114,8 +114,8 @@ ARTEFACTS: dict[str, tuple[str, Maker]] = {
         "beyond the paper: KVCompass with a remote margin, 3 seeds (sim)",
         _simulated("margin"),
     ),
-    "fig13": ("prefill tokens reused vs recomputed per scheme (sim)", _simulated("fig13")),
-    "fig14": ("per-worker load-factor heatmaps with each scheme's peak (sim)", _simulated("fig14")),
+    "fig13": ("prefill tokens reused vs recomputed per scheme, 1.5 λ0 (sim)", _simulated("fig13")),
+    "fig14": ("per-worker load factor heatmaps and peaks, 1.5 λ0 (sim)", _simulated("fig14")),
     "fig15": ("ablations: throughput with one mechanism off (sim)", _simulated("fig15")),
     "fig16": ("Fig. 12 on sim-16region, 128 workers (sim)", _fig16),
     "shipped-grid": (

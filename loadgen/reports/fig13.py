@@ -43,7 +43,8 @@ def tabulate(runs: Mapping[str, Run]) -> list[dict[str, Any]]:
     return rows
 
 
-def figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
+def figure(rows: Sequence[Mapping[str, Any]], at: str = "") -> Figure:
+    """Stacked bars per scheme; ``at`` names the load in the title."""
     fig, ax = plt.subplots(figsize=(7, 4))
     x = np.arange(len(rows))
     reused = np.array([r["reused_tokens"] for r in rows]) / 1e6
@@ -52,7 +53,7 @@ def figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
     ax.bar(x, recomputed, bottom=reused, label="recomputed", color="tab:gray")
     ax.set_xticks(x, [str(r["policy"]) for r in rows], rotation=45, ha="right")
     ax.set_ylabel("prefill tokens (millions)")
-    ax.set_title("Prefill tokens reused vs recomputed")
+    ax.set_title(f"Prefill tokens reused vs recomputed{at}")
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend()
     return fig
@@ -67,5 +68,5 @@ def run_fig13(
     runs = {c.policy: r for c, r in collect(grid, out, jobs, runner).items()}
     art = Artefact("fig13", COLUMNS, tabulate(runs))
     art.meta = {"topology": s.topology, "rate": focus, "quick": quick}
-    art.write(out, figure(art.rows))
+    art.write(out, figure(art.rows, f" at {s.focus:g} λ0 ({focus:g} req/s)"))
     return art

@@ -65,7 +65,8 @@ def peak_load_factor(run: Run) -> tuple[float, str]:
     return (busy[hottest] / mean if mean > 0 else 1.0), hottest
 
 
-def figure(runs: Mapping[str, Run]) -> Figure:
+def figure(runs: Mapping[str, Run], at: str = "") -> Figure:
+    """A heatmap per scheme (worker × 1-s window); ``at`` names the load in the title."""
     n = max(len(runs), 1)
     cols = min(n, 4)
     rows = math.ceil(n / cols)
@@ -85,6 +86,8 @@ def figure(runs: Mapping[str, Run]) -> Figure:
         ax.axis("off")
     if image is not None:
         fig.colorbar(image, ax=axes.ravel().tolist(), label="load factor", shrink=0.8)
+    if at:
+        fig.suptitle(f"Per-worker load factor{at}")
     return fig
 
 
@@ -115,5 +118,5 @@ def run_fig14(
         "quick": quick,
         "peak": "hottest worker's compute over the run / the pool mean (paper §5.3)",
     }
-    art.write(out, figure(runs))
+    art.write(out, figure(runs, f" at {s.focus:g} λ0 ({focus:g} req/s)"))
     return art

@@ -23,3 +23,10 @@ def test_quick_cells_span_the_minimum_arrival_window_at_every_rate() -> None:
     # Fig. 12's lowest quick rate keeps the smallest size: 300 requests span the window.
     scale = fig12.SCALES["fig12"]
     assert min(c.requests or 0 for c in fig12.cells(scale, True, WORKLOADS)) == 300
+
+
+def test_every_scale_runs_its_focus_rate_at_full_size_and_quick() -> None:
+    # Figs. 13 and 14 read the focus-rate cells only: a grid without them draws nothing.
+    for scale in fig12.SCALES.values():
+        assert scale.focus in scale.loads
+        assert scale.focus in scale.quick_loads
