@@ -1,7 +1,8 @@
 """Fig. 14: per-worker load factor over time, one heatmap per scheme, with its peak.
 
 Load factor (the simulator's, Fig. 14's definition): a worker's busy prefill time in a
-sample window over the pool's mean in that window; the heatmap shows these windows. A
+sample window over the pool's mean in that window; the heatmap shows these windows (white:
+the pool computed nothing in it, as while a run's last requests only decode). A
 scheme's peak is the paper's §5.3 number: the hottest worker's compute (reload + prefill)
 summed over the whole run, over the pool's mean (the summary's ``peak_load_factor``).
 Not the mean of the window ratios: with a few requests per worker per 1-s window and
@@ -34,7 +35,8 @@ COLUMNS = ("policy", "workers", "windows", "peak_load_factor", "hottest_worker")
 
 
 def load_matrix(run: Run) -> tuple[list[str], NDArray[np.float64]]:
-    """(workers, matrix[worker, window]) of load factors; a missing sample counts as 0."""
+    """(workers, matrix[worker, window]) of load factors; a missing sample counts as 0,
+    a window in which the pool computed nothing is NaN."""
     t = run.load["t_s"]
     workers = sorted({str(w) for w in run.load["worker"]})
     times = np.unique(t)
@@ -74,10 +76,11 @@ def figure(runs: Mapping[str, Run], at: str = "") -> Figure:
         rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False, layout="constrained"
     )
     vmax = 2.0
+    cmap = plt.get_cmap("magma").with_extremes(bad="white")  # the pool computed nothing
     image = None
     for ax, (policy, run) in zip(axes.flat, runs.items(), strict=False):
         _, m = load_matrix(run)
-        image = ax.imshow(m, aspect="auto", cmap="magma", vmin=0, vmax=vmax, origin="lower")
+        image = ax.imshow(m, aspect="auto", cmap=cmap, vmin=0, vmax=vmax, origin="lower")
         peak, _ = peak_load_factor(run)
         ax.set_title(f"{policy} (peak {peak:.2f})", fontsize=9)
         ax.set_xlabel("window")

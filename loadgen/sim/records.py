@@ -72,6 +72,10 @@ class SimRecord:
 
 @dataclass(frozen=True, slots=True)
 class LoadSample:
+    """One worker in one sample window: its queue and completions at ``t_s``, and its
+    compute (reload + prefill ms of the requests whose prefill ended in the window) over
+    the pool's mean; NaN when the pool computed nothing in the window."""
+
     t_s: float
     worker: str
     queue_ms: float

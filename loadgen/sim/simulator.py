@@ -318,7 +318,9 @@ class Simulation:
         workers = self.pool.workers
         mean = sum(w.busy_ms for w in workers) / len(workers)
         for w in workers:
-            factor = w.busy_ms / mean if mean > 0 else 1.0
+            # A window in which the pool computed nothing has no load factor (NaN), not
+            # an even split: drawn as 1.0, the drain at a run's end read as balanced.
+            factor = w.busy_ms / mean if mean > 0 else math.nan
             engine = w.engine
             self.samples.append(
                 LoadSample(now, w.worker.id, engine.queue_ms(), engine.running, factor)

@@ -12,7 +12,7 @@ import pytest
 
 from kvcompass.loadgen.sim import SimConfig, SimResult, simulate
 from kvcompass.loadgen.sim.testing import shared_prefixes
-from kvcompass.loadgen.workloads import make_workload
+from kvcompass.loadgen.workloads import LiveRequest, make_workload
 from kvcompass.routing import POLICY_NAMES, RoutingConfig
 from kvcompass.routing.config import Ablations
 from kvcompass.routing.testing import TOY
@@ -128,3 +128,25 @@ def test_records_carry_the_expected_queue_and_the_summary_its_shortfall() -> Non
     summary = SimResult(recs, [], {}, 0.1).summary()
     assert summary["queue_underestimate_local_ms"] == pytest.approx(6.0)
     assert summary["queue_underestimate_remote_ms"] == pytest.approx(40.0)
+
+
+def test_a_window_in_which_the_pool_computed_nothing_has_no_load_factor() -> None:
+    # Short prompts 5 s apart: the windows between them see no prefill anywhere.
+    origin = TOY.regions[0].name
+    requests = [
+        LiveRequest(at, origin, "t", list(range(1 + k, 257 + k)), 1, f"s{k}", f"r{k}")
+        for k, at in enumerate((0.1, 5.1, 10.1))
+    ]
+    result = simulate(SimConfig(TOY, policy="round-robin", seed=0), requests)
+
+    windows: dict[float, list[float]] = {}
+    for sample in result.load_samples:
+        windows.setdefault(sample.t_s, []).append(sample.load_factor)
+    idle = [t for t, factors in windows.items() if all(map(math.isnan, factors))]
+    busy = [t for t, factors in windows.items() if not any(map(math.isnan, factors))]
+    assert sorted(idle + busy) == sorted(windows)  # a window is wholly one or the other
+    # The windows in which the first two prefills ended (sampling ends with the run).
+    assert len(busy) == 2
+    assert len(idle) == 8
+    for t in busy:  # an even split is 1: the factors average 1 over the pool
+        assert sum(windows[t]) / len(windows[t]) == pytest.approx(1.0)
