@@ -237,6 +237,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    if args.jobs is not None and args.jobs < 1:  # -1 ran serially, 0 on every core
+        raise ValueError(f"--jobs must be at least 1 (or left out: CPU count), got {args.jobs}")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     rates = list(args.rates)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -248,7 +250,8 @@ def _sweep(args: argparse.Namespace) -> int:
         raise ValueError(f"unknown policies {unknown}; known: {', '.join(POLICY_NAMES)}")
     grid = product(_cell(args, **override), policies, rates, seeds)
     output_folder(args.out)
-    run_grid(grid, args.out, jobs=args.jobs or os.cpu_count() or 1, progress=True)
+    jobs = (os.cpu_count() or 1) if args.jobs is None else args.jobs
+    run_grid(grid, args.out, jobs=jobs, progress=True)
     print(f"wrote {args.out / 'index.csv'}")
     return 0
 

@@ -223,6 +223,18 @@ def test_a_sweep_with_a_bad_rate_runs_no_cell(
     assert not (tmp_path / "sweep").exists()
 
 
+@pytest.mark.parametrize("jobs", ["0", "-1"])
+def test_a_sweep_with_fewer_than_one_job_runs_no_cell(
+    jobs: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["sweep", "--rates", "10", "--duration", "1", "--policies", "random"]
+    assert sim_cli.main([*args, "--jobs", jobs, "--out", str(tmp_path / "sweep")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"kvcompass sim: --jobs must be at least 1 (or left out: CPU count), got {jobs}"
+    )
+    assert not (tmp_path / "sweep").exists()
+
+
 def test_a_cell_hands_its_remote_margin_to_kvcompass_and_names_it_in_its_key() -> None:
     cell = Cell("kvcompass", 100, remote_margin_rtt=1.5)
     topology = topology_of(cell.topology)
