@@ -28,17 +28,27 @@ from kvcompass.loadgen.workloads import (
 )
 from kvcompass.topology import Topology, builtin_names, load_builtin, load_topology
 
-__all__ = ["main", "parser", "workload"]
+__all__ = ["main", "parser", "workload", "workload_parameters"]
 
 
 def _pairs(text: str) -> dict[str, str]:
     out = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = item.partition("=")
-        if not sep or not key or not value:
-            raise argparse.ArgumentTypeError(f"{item!r} is not NAME=VALUE")
+        if not sep or not key.strip() or not value.strip():
+            raise ValueError(f"{item!r} is not NAME=VALUE")
         out[key.strip()] = value.strip()
     return out
+
+
+def workload_parameters(text: str) -> str:
+    """argparse type of ``--set``: NAME=VALUE[,NAME=VALUE...], refused when read (a usage
+    line) rather than as a traceback once the workload is built."""
+    try:
+        _pairs(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _weights(text: str) -> tuple[float, ...]:
@@ -117,6 +127,7 @@ def parser() -> argparse.ArgumentParser:
         dest="params",
         action="append",
         default=[],
+        type=workload_parameters,
         metavar="NAME=VALUE",
         help="a workload parameter (see below); repeatable",
     )

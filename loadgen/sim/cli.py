@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kvcompass.loadgen.cli import workload_parameters
 from kvcompass.loadgen.ctrl_c import sigterm_as_ctrl_c
 from kvcompass.loadgen.outputs import output_folder
 from kvcompass.loadgen.sim.cell import ABLATIONS, Cell, run_cell
@@ -132,6 +133,7 @@ def _cell_arguments(p: argparse.ArgumentParser, sweep: bool) -> None:
         dest="params",
         action="append",
         default=[],
+        type=workload_parameters,
         metavar="NAME=VALUE",
         help="a synthetic workload parameter (kvcompass loadgen --help lists them)",
     )

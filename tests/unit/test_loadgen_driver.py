@@ -365,3 +365,26 @@ def test_command_line_refuses_incomplete_arguments_and_describes_dry_runs(
     assert "--trace PATH" in errors
     assert main(["--dry-run", "--requests", "30", "--set", "rate=10"]) == 0
     assert capsys.readouterr().out.startswith("requests 30 over ")
+
+
+@pytest.mark.parametrize("command", ["loadgen", "sim"])
+@pytest.mark.parametrize("value", ["nokey", "a=1,=2", "b="])
+def test_a_set_that_is_not_name_value_is_a_usage_error_not_a_traceback(
+    command: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kvcompass.loadgen.sim.cli import main as sim_main
+
+    run, argv = (
+        (main, ["--dry-run", "--requests", "3"])
+        if command == "loadgen"
+        else (sim_main, ["run", "--duration", "1"])
+    )
+    with pytest.raises(SystemExit) as stopped:
+        run([*argv, "--set", value])
+    assert stopped.value.code == 2
+    bad = value.split(",")[-1]
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .endswith(f"error: argument --set: {bad!r} is not NAME=VALUE")
+    )
