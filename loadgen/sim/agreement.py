@@ -112,7 +112,10 @@ def measured_overhead(
             continue
         excess.append((r.ttft_ms or 0.0) / time_scale - (s.ttft_ms - s.overhead_ms))
     if not excess:
-        raise ValueError("no request ran unqueued on the same worker with the same reuse")
+        raise ValueError(
+            "no request ran unqueued on the same worker with the same reuse "
+            f"(of {len(live_ok)} finished live requests)"
+        )
     return float(np.median(excess)), len(excess)
 
 

@@ -227,3 +227,10 @@ def test_a_meaningless_simulation_flag_stops_with_one_line(
     assert agreement_main(["--live", str(live), *flags]) == 2
     (err,) = capsys.readouterr().err.strip().splitlines()
     assert err.startswith(f"kvcompass sim agree: {line}"), err
+
+
+def test_an_overhead_with_nothing_to_measure_says_how_many_live_requests_finished() -> None:
+    # An empty records file (a demo that wrote nothing): the line says 0, not only that
+    # no request matched.
+    with pytest.raises(ValueError, match=r"\(of 0 finished live requests\)"):
+        measured_overhead([], [])
