@@ -20,6 +20,7 @@ the dataclass directly or use ``monkeypatch.setenv``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 from collections.abc import Mapping
@@ -186,10 +187,15 @@ def _parse(raw: str, hint: Any, var: str) -> Any:
         raise SettingsError(f"{var}={raw!r}: expected a boolean (true/false, 1/0, yes/no)")
     if hint in (int, float):
         try:
-            return hint(text)
+            value = hint(text)
         except ValueError:
             kind = "an integer" if hint is int else "a number"
             raise SettingsError(f"{var}={raw!r}: expected {kind}") from None
+        # NaN passes every "x <= 0" range check (and inf most), and no setting means
+        # either: refused here, for every float setting at once.
+        if not math.isfinite(value):
+            raise SettingsError(f"{var}={raw!r}: expected a finite number")
+        return value
     if hint is str:
         return raw
     if hint is Path:

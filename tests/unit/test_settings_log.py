@@ -48,6 +48,9 @@ def test_from_env_reads_typed_values() -> None:
         ("KVC_SHARDS", "four", "KVC_SHARDS='four': expected an integer"),
         ("KVC_SHARDS", "0", "KVC_SHARDS=0: must be at least 1"),
         ("KVC_STOP_TIMEOUT", "soon", "KVC_STOP_TIMEOUT='soon': expected a number"),
+        # NaN passes a "<= 0" range check; inf is no timeout either.
+        ("KVC_STOP_TIMEOUT", "nan", "KVC_STOP_TIMEOUT='nan': expected a finite number"),
+        ("KVC_START_TIMEOUT", "inf", "KVC_START_TIMEOUT='inf': expected a finite number"),
         ("KVC_LOG_JSON", "maybe", "KVC_LOG_JSON='maybe': expected a boolean"),
         ("KVC_LOG_LEVEL", "loud", "KVC_LOG_LEVEL='loud': expected one of debug, info"),
         ("KVC_TOPIC_QUEUES", "kvc.events", "topic names must be distinct"),
