@@ -34,6 +34,7 @@ from tqdm import tqdm
 
 from kvcompass.loadgen.sim.cell import Cell, recorded_config, write_cell
 from kvcompass.loadgen.sim.fingerprint import code_fingerprint
+from kvcompass.loadgen.sim.records import LoadSample
 
 __all__ = ["CellRunner", "done_summary", "product", "run_grid"]
 
@@ -83,16 +84,32 @@ def _record(folder: Path) -> dict[str, Any] | None:
     return record if isinstance(record, dict) and isinstance(record.get("summary"), dict) else None
 
 
+#: load.csv's first line, as ``SimResult.write`` writes it.
+_LOAD_HEADER = ",".join(f.name for f in dataclasses.fields(LoadSample)).encode()
+
+
 def _damage(folder: Path, record: dict[str, Any]) -> str | None:
-    """What is wrong with a finished cell's ``requests.csv`` (cut short or gone, e.g. by
-    a partial copy of the results), or None: one row per request its summary counts."""
+    """What is wrong with a finished cell's records (cut short or gone, e.g. by a partial
+    copy of the results), or None: ``requests.csv`` has one row per request its summary
+    counts; ``load.csv`` (no count to check) has its header and ends with a whole line."""
     try:
         with open(folder / "requests.csv", "rb") as f:
             lines = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
     except OSError:
         return "no requests.csv"
     rows, expected = lines - 1, record["summary"].get("requests")
-    return None if rows == expected else f"requests.csv holds {rows} of {expected} rows"
+    if rows != expected:
+        return f"requests.csv holds {rows} of {expected} rows"
+    try:
+        with open(folder / "load.csv", "rb") as f:
+            header = f.readline().rstrip(b"\r\n")
+            f.seek(-1, os.SEEK_END)  # the header's newline at least is there
+            last = f.read(1)
+    except OSError:
+        return "no load.csv, or an empty one"
+    if header != _LOAD_HEADER:
+        return f"load.csv starts {header[:40]!r}, not its header"
+    return None if last == b"\n" else "load.csv ends mid-line"
 
 
 def _difference(recorded: Any, expected: Any, where: str) -> str | None:

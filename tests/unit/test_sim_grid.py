@@ -33,6 +33,7 @@ class _Counting:
         self.ran.append(cell)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "requests.csv").write_text("request_id\nr0\n")
+        (folder / "load.csv").write_text("t_s,worker,queue_ms,running,load_factor\r\n")
         record = {"summary": ONE, "config": recorded_config(cell), "code": code_fingerprint()}
         (folder / "summary.json").write_text(json.dumps(record))
 
@@ -80,6 +81,35 @@ def test_a_cell_whose_requests_were_cut_short_runs_again_and_says_why(
     assert f"running 2 finished cell(s) under {tmp_path} again: their records are damaged" in err
     assert "requests.csv holds 0 of 1 rows" in err
     assert done_summary(cut, CELLS[0]) == ONE
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        (None, "no load.csv"),
+        ("", "no load.csv, or an empty one"),
+        ("a,b\r\n", "load.csv starts b'a,b', not its header"),
+        ("t_s,worker,queue_ms,running,load_factor\r\n1.0,us-0,0.0,1,0.", "ends mid-line"),
+    ],
+)
+def test_a_cell_whose_load_samples_are_damaged_runs_again_and_says_why(
+    text: str | None, why: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """load.csv feeds Fig. 14's heatmap; a partial copy cut it, or replaced it, and the
+    report raised a KeyError. Its row count is not recorded: the header and the last
+    line's end are checked instead."""
+    run_grid(CELLS[:1], tmp_path, runner=_Counting(), progress=False)
+    load = tmp_path / CELLS[0].key / "load.csv"
+    if text is None:
+        load.unlink()
+    else:
+        load.write_text(text)
+    assert done_summary(load.parent, CELLS[0]) is None
+    again = _Counting()
+    run_grid(CELLS[:1], tmp_path, runner=again, progress=False)
+    assert again.ran == CELLS[:1]
+    assert why in capsys.readouterr().err
+    assert done_summary(load.parent, CELLS[0]) == ONE
 
 
 def test_a_folder_made_under_other_defaults_runs_again_and_says_which_setting(
