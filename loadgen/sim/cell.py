@@ -149,10 +149,28 @@ def topology_of(name_or_path: str) -> Topology:
 
 
 def run_cell(cell: Cell, progress: Progress | None = None) -> SimResult:
+    """Simulate the cell; ValueError if no request arrived (its summary would be a row of
+    zeros that reads as a 0-ms TTFT: a window shorter than the first arrival, say, or a
+    trace skipped past its end)."""
     topology = topology_of(cell.topology)
     result = simulate(cell.sim_config(topology), cell.requests_of(topology), progress)
+    if not result.records:
+        raise ValueError(f"no request arrived in {_arrivals(cell)}, so there is nothing to report")
     result.config["cell"] = _fields(cell)
     return result
+
+
+def _arrivals(cell: Cell) -> str:
+    """The cell's arrivals, as its options describe them."""
+    source = (
+        f"the trace {cell.trace}" if cell.workload == "trace" else f"the {cell.workload} workload"
+    )
+    bounds = ["at its own times" if cell.trace_times else f"at {cell.rate:g} req/s"]
+    if cell.duration is not None:
+        bounds.append(f"for {cell.duration:g} s")
+    if cell.skip:
+        bounds.append(f"after skipping {cell.skip} records")
+    return f"{source} ({', '.join(bounds)})"
 
 
 def recorded_config(cell: Cell) -> dict[str, Any]:

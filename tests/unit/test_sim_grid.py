@@ -15,7 +15,7 @@ import pytest
 from kvcompass.loadgen.reports.cells import paper_cell
 from kvcompass.loadgen.sim import SimConfig, simulate
 from kvcompass.loadgen.sim import cli as sim_cli
-from kvcompass.loadgen.sim.cell import Cell, recorded_config, topology_of
+from kvcompass.loadgen.sim.cell import Cell, recorded_config, run_cell, topology_of
 from kvcompass.loadgen.sim.fingerprint import code_fingerprint, fingerprint_of
 from kvcompass.loadgen.sim.grid import done_summary, run_grid
 from kvcompass.loadgen.sim.testing import shared_prefixes
@@ -388,3 +388,26 @@ def test_sim_run_takes_the_load_generators_trace_options() -> None:
     argv = ["run", "--workload", "trace", "--skip", "100", "--tenants", "a,b", "--speed", "3"]
     cell = sim_cli._cell(sim_cli.parser().parse_args(argv))
     assert (cell.skip, cell.tenants, cell.speed) == (100, "a,b", 3.0)
+
+
+def test_a_cell_in_which_no_request_arrives_is_an_error_not_a_row_of_zeros(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A window shorter than the first arrival, and a trace skipped past its end: both
+    # used to print TTFT 0.0 ms and exit 0, and a sweep wrote such a cell as done.
+    trace = tmp_path / "trace.jsonl"
+    record = {"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1]}
+    trace.write_text(json.dumps(record) + "\n")
+    skipped = Cell(topology="testbed-3region", workload="trace", trace=trace, skip=5)
+    with pytest.raises(ValueError, match=r"^no request arrived in the trace .*skipping 5 rec"):
+        run_cell(skipped)
+    run = ["run", "--duration", "0.001", "--rate", "1", "--out", str(tmp_path / "run")]
+    assert sim_cli.main(run) == 2
+    assert capsys.readouterr().err.strip() == (
+        "kvcompass sim: no request arrived in the synthetic workload (at 1 req/s, for "
+        "0.001 s), so there is nothing to report"
+    )
+    assert not list((tmp_path / "run").glob("*"))  # checked (made) before the run; empty
+    sweep = ["sweep", "--duration", "0.001", "--rates", "1", "--policies", "random"]
+    assert sim_cli.main([*sweep, "--jobs", "1", "--out", str(tmp_path / "sweep")]) == 2
+    assert not list((tmp_path / "sweep").glob("*/summary.json"))  # no cell counts as done
