@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import sys
 import textwrap
@@ -265,6 +266,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.dry_run:
             print(_describe(list(requests)))
             return 0
+        first = next(requests, None)  # the workload is lazy: peek, then put it back
+        if first is None:
+            raise ValueError(
+                "no request arrives in the workload these options describe (a --duration "
+                "shorter than the first arrival? --skip past the trace's end?): nothing "
+                "to replay"
+            )
+        requests = itertools.chain((first,), requests)
         if not args.routers:
             raise ValueError("--routers is required (e.g. us=http://127.0.0.1:8000)")
         strangers = sorted(set(args.routers) - {r.name for r in topology.regions})

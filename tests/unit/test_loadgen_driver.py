@@ -388,3 +388,16 @@ def test_a_set_that_is_not_name_value_is_a_usage_error_not_a_traceback(
         .err.splitlines()[-1]
         .endswith(f"error: argument --set: {bad!r} is not NAME=VALUE")
     )
+
+
+def test_a_replay_in_which_no_request_arrives_stops_before_any_router_is_asked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # 1 ms of a 1 req/s workload: the replay used to print a summary of zeros, exit 0.
+    argv = ["--routers", "us=http://127.0.0.1:1", "--duration", "0.001", "--rate", "1"]
+    assert main(argv) == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .startswith("kvcompass loadgen: no request arrives in the workload these options describe")
+    )
