@@ -169,10 +169,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.levels == "long-context"
         else load_builtin(args.topology)
     )
+    requests = demo_workload(topology, args.seconds, args.rate, args.seed)
+    if not requests:  # before any component starts: two empty runs compare nothing
+        print(
+            f"kvcompass demo: no request arrives in --seconds {args.seconds:g} at --rate "
+            f"{args.rate:g}: nothing to compare (give more seconds or a higher rate)",
+            file=sys.stderr,
+        )
+        return 2
     # Beside the records, for `kvcompass sim agree` (a file name: the folder may move).
     recorded = Path(topology_ref).name if args.levels == "long-context" else args.topology
     _scenario(args, recorded).write(out)
-    requests = demo_workload(topology, args.seconds, args.rate, args.seed)
     tenants = sorted({r.tenant for r in requests})
     api_keys = {f"demo-key-{t}": t for t in tenants}
     config = StackConfig(

@@ -39,3 +39,19 @@ def test_the_defaults_make_a_valid_scenario() -> None:
     scenario = demo._scenario(args, args.topology)
     assert isinstance(scenario, DemoScenario)
     assert scenario.seconds > 0
+
+
+def test_a_demo_in_which_no_request_arrives_stops_before_any_component_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 1 ms at 3 req/s: the demo started its 19 components and compared two empty runs.
+    out = tmp_path / "demo"
+    assert demo.main(["--seconds", "0.001", "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        "kvcompass demo: no request arrives in --seconds 0.001 at --rate 3: nothing to "
+        "compare (give more seconds or a higher rate)"
+    ]
+    assert captured.out == ""  # the banner comes after the check
+    assert not (out / "scenario.json").exists()  # nothing for `sim agree` to read
+    assert not (out / "logs").exists()
