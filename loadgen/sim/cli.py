@@ -250,6 +250,10 @@ def _sweep(args: argparse.Namespace) -> int:
     unknown = sorted(set(policies) - set(POLICY_NAMES))
     if unknown:
         raise ValueError(f"unknown policies {unknown}; known: {', '.join(POLICY_NAMES)}")
+    for name, values in (("policies", policies), ("rates", rates), ("seeds", seeds)):
+        if not values:  # an empty product: the sweep would run nothing and say done
+            where = f"--{name}" if args.grid is None else f"--{name} or {name} in {args.grid}"
+            raise ValueError(f"the grid has no {name} ({where} names none): nothing to run")
     grid = product(_cell(args, **override), policies, rates, seeds)
     output_folder(args.out)
     jobs = (os.cpu_count() or 1) if args.jobs is None else args.jobs

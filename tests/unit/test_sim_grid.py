@@ -411,3 +411,19 @@ def test_a_cell_in_which_no_request_arrives_is_an_error_not_a_row_of_zeros(
     sweep = ["sweep", "--duration", "0.001", "--rates", "1", "--policies", "random"]
     assert sim_cli.main([*sweep, "--jobs", "1", "--out", str(tmp_path / "sweep")]) == 2
     assert not list((tmp_path / "sweep").glob("*/summary.json"))  # no cell counts as done
+
+
+@pytest.mark.parametrize(
+    ("flags", "name"),
+    [(["--policies", ""], "policies"), (["--seeds", " , "], "seeds"), (["--rates", ","], "rates")],
+)
+def test_an_empty_sweep_grid_is_refused_not_written_as_done(
+    flags: list[str], name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It used to write an empty index.csv and exit 0, as if every cell had run.
+    argv = ["sweep", "--duration", "1", "--rates", "10", "--policies", "random", *flags]
+    assert sim_cli.main([*argv, "--jobs", "1", "--out", str(tmp_path / "sweep")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"kvcompass sim: the grid has no {name} (--{name} names none): nothing to run"
+    )
+    assert not (tmp_path / "sweep").exists()
