@@ -33,22 +33,32 @@ __all__ = ["main", "parser", "workload", "workload_parameters"]
 
 
 def _pairs(text: str) -> dict[str, str]:
-    out = {}
+    """NAME=VALUE[,NAME=VALUE...]; ValueError naming the first item that is not one, or
+    a name given twice (the later would silently win)."""
+    out: dict[str, str] = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = item.partition("=")
         if not sep or not key.strip() or not value.strip():
             raise ValueError(f"{item!r} is not NAME=VALUE")
+        if key.strip() in out:
+            raise ValueError(f"{key.strip()!r} is given twice")
         out[key.strip()] = value.strip()
     return out
+
+
+def _pairs_argument(text: str) -> dict[str, str]:
+    """argparse type of ``--routers`` and ``--api-keys``: :func:`_pairs`, its error as
+    argparse's usage line."""
+    try:
+        return _pairs(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def workload_parameters(text: str) -> str:
     """argparse type of ``--set``: NAME=VALUE[,NAME=VALUE...], refused when read (a usage
     line) rather than as a traceback once the workload is built."""
-    try:
-        _pairs(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    _pairs_argument(text)
     return text
 
 
@@ -135,13 +145,13 @@ def parser() -> argparse.ArgumentParser:
     d = p.add_argument_group("driver")
     d.add_argument(
         "--routers",
-        type=_pairs,
+        type=_pairs_argument,
         default={},
         help="router URL per origin region: us=http://127.0.0.1:8000,eu=...",
     )
     d.add_argument(
         "--api-keys",
-        type=_pairs,
+        type=_pairs_argument,
         default={},
         help="key=tenant pairs (the routers' KVC_API_KEYS); tenants without a key send none",
     )

@@ -401,3 +401,20 @@ def test_a_replay_in_which_no_request_arrives_stops_before_any_router_is_asked(
         .err.strip()
         .startswith("kvcompass loadgen: no request arrives in the workload these options describe")
     )
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "problem"),
+    [
+        ("--routers", "us", "'us' is not NAME=VALUE"),
+        ("--routers", "us=http://127.0.0.1:1,us=http://127.0.0.1:2", "'us' is given twice"),
+        ("--api-keys", "nokey", "'nokey' is not NAME=VALUE"),
+    ],
+)
+def test_a_pair_list_flag_names_its_bad_item(
+    flag: str, value: str, problem: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(["--requests", "2", flag, value])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(f"argument {flag}: {problem}")
