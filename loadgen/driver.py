@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
@@ -44,8 +45,8 @@ class DriverConfig:
             parts = urllib.parse.urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ValueError(f"router {region}={url} is not an http(s)://host:port URL")
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout must be positive, got {self.timeout_s}")
+        if not 0 < self.timeout_s < math.inf:  # inf overflowed the HTTP client's timer
+            raise ValueError(f"timeout must be positive and finite, got {self.timeout_s}")
         if self.max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, got {self.max_in_flight}")
 
