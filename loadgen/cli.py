@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import math
 import sys
 import textwrap
 from collections import Counter
@@ -198,6 +199,12 @@ def _check_bounds(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value is not None and not value > 0:
             raise ValueError(f"--{name} must be positive, got {value}")
+    # An infinite --duration is no bound (allowed); an infinite --speed or --rate would
+    # put every arrival at t = 0.
+    for name in ("speed", "rate"):
+        value = getattr(args, name, None)
+        if value is not None and math.isinf(value):
+            raise ValueError(f"--{name} must be finite, got {value}")
 
 
 def workload(args: argparse.Namespace, topology: Topology) -> Iterator[LiveRequest]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -45,6 +46,8 @@ class DemoScenario:
         for name in ("seconds", "rate", "time_scale"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+            if not math.isfinite(getattr(self, name)):  # an endless demo, or one at t = 0
+                raise ValueError(f"{name} must be finite, got {getattr(self, name)}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
         routing_config(self)  # the router's own checks of the five routing settings

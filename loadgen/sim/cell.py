@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -82,6 +83,8 @@ class Cell:
         # cell, and a run with no arrivals does not print an empty summary.
         if not self.rate > 0:
             raise ValueError(f"rate must be positive, got {self.rate}")
+        if not math.isfinite(self.rate):  # every arrival would come at t = 0
+            raise ValueError(f"rate must be finite, got {self.rate}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
         if self.trace_times and self.workload != "trace":

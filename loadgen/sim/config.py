@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +69,12 @@ class SimConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.shards < 1:
             raise ValueError(f"shards must be at least 1, got {self.shards}")
+        # Infinity passes the ranges above: an infinite serving overhead hung the event
+        # loop (every request due at t = inf), an infinite flush never wrote the index.
+        finite = ("update_delay_ms", "serving_overhead_ms", *positive)
+        for name in finite:
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be finite, got {getattr(self, name)}")
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-able: the topology by name, the routing knobs as nested dicts."""

@@ -21,6 +21,8 @@ from kvcompass.loadgen.scenario import DemoScenario
         (["--tau-ms", "0"], "tau_ms must be positive, got 0.0"),
         (["--lambda-max", "-1"], "lambda_max must be >= 0, got -1.0"),
         (["--remote-margin-rtt", "nan"], "remote_margin_rtt must be >= 0, got nan"),
+        (["--seconds", "inf"], "seconds must be finite, got inf"),
+        (["--lambda-max", "inf"], "lambda_max must be finite, got inf"),
     ],
 )
 def test_a_meaningless_flag_stops_the_demo_before_it_starts(

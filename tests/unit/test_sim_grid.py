@@ -244,6 +244,23 @@ def test_a_run_without_arrivals_stops_with_one_line_naming_the_setting(
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(
+    ("flag", "name"),
+    [
+        ("--rate", "rate"),  # every arrival at t = 0
+        ("--serving-overhead-ms", "serving_overhead_ms"),  # hung the event loop
+        ("--remote-margin-rtt", "remote_margin_rtt"),  # NaN scores for local workers
+        ("--flush-ms", "flush_ms"),  # the index never written
+    ],
+)
+def test_an_infinite_setting_stops_the_run_with_one_line(
+    flag: str, name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["run", "--requests", "5", flag, "inf", "--out", str(tmp_path / "run")]
+    assert sim_cli.main(argv) == 2
+    assert capsys.readouterr().err.strip() == f"kvcompass sim: {name} must be finite, got inf"
+
+
 def test_a_sweep_with_a_bad_rate_runs_no_cell(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -216,6 +216,7 @@ def test_readme_documents_every_generated_workload_parameter() -> None:
         (["--speed", "0", "--azure", "x.csv", "--workload", "mixed"], "--speed must be positive"),
         (["--timeout", "0", "--routers", "us=http://127.0.0.1:9"], "timeout must be positive"),
         (["--timeout", "inf", "--routers", "us=http://127.0.0.1:9"], "timeout must be positive"),
+        (["--rate", "inf"], "--rate must be finite, got inf"),
         (["--max-in-flight", "0", "--routers", "us=http://127.0.0.1:9"], "max_in_flight must"),
         (["--routers", "us=notaurl"], "router us=notaurl is not an http(s)://host:port URL"),
         (["--routers", "mars=http://127.0.0.1:9"], "--routers names no region of testbed-3reg"),

@@ -19,6 +19,7 @@ The three the paper does not fix, and why we chose these values:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypedDict
@@ -144,6 +145,10 @@ class RoutingConfig:
                 value = getattr(self, name)
                 if not fits(value):
                     raise ValueError(f"{name} must be {wanted}, got {value}")
+                # Infinity fits most ranges and means none of them: an infinite margin
+                # times a local worker's 0 made its score NaN.
+                if not math.isfinite(value):
+                    raise ValueError(f"{name} must be finite, got {value}")
 
 
 class ShippedChoices(Protocol):
