@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 from collections.abc import Sequence
 
 from kvcompass.loadgen.workloads.keyed import keyed_uniform
@@ -18,8 +19,11 @@ class RegionShares:
     def __init__(self, regions: Sequence[str], weights: Sequence[float]) -> None:
         if len(regions) != len(weights) or not regions:
             raise ValueError(f"{len(weights)} weights for regions {list(regions)}")
-        if any(w < 0 for w in weights) or sum(weights) <= 0:
-            raise ValueError(f"region weights must be >= 0 with a positive sum: {weights}")
+        # Written so that NaN fails; an infinite weight would make every share NaN or 0.
+        if not all(0 <= w < math.inf for w in weights) or not sum(weights) > 0:
+            raise ValueError(
+                f"region weights must be finite, >= 0 and with a positive sum: {weights}"
+            )
         self.regions = tuple(regions)
         total = float(sum(weights))
         self.shares = tuple(w / total for w in weights)

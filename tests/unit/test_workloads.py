@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -125,6 +126,13 @@ def test_region_shares_follow_the_weights() -> None:
     assert {only_eu.of_session(1, s) for s in range(100)} == {"eu"}
     with pytest.raises(ValueError, match="weights"):
         RegionShares.of(TOPOLOGY, [1, 1])
+
+
+@pytest.mark.parametrize("weights", [[0, 0, 0], [-1, 1, 1], [math.nan, 1, 1], [math.inf, 1, 1]])
+def test_region_weights_without_a_share_are_refused(weights: list[float]) -> None:
+    # NaN and inf passed: NaN shares, or every share 0 but one's NaN, drawn silently.
+    with pytest.raises(ValueError, match=r"must be finite, >= 0 and with a positive sum"):
+        RegionShares.of(TOPOLOGY, weights)
 
 
 def _record(t: float, ids: list[int], length: int, out: int = 10) -> TraceRecord:
