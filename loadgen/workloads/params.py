@@ -4,6 +4,7 @@ from text (``--set NAME=VALUE``) and listed by ``--help``."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import field
 from typing import Any, ClassVar, Self, TypeVar
 
@@ -53,7 +54,11 @@ class Params:
             elif isinstance(default, int):
                 typed[name] = int(value)
             elif isinstance(default, float):
-                typed[name] = float(value)
+                number = float(value)
+                # NaN passes range checks written "x < 1"; no parameter means inf.
+                if not math.isfinite(number):
+                    raise ValueError(f"{self.label} parameter {name} must be finite, got {value}")
+                typed[name] = number
             else:
                 typed[name] = value
         return dataclasses.replace(self, **typed)  # type: ignore[type-var]

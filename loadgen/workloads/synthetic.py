@@ -90,6 +90,8 @@ class SyntheticConfig(Params):
             raise ValueError("need at least one tenant, system prompt, document and session")
         if not (0 <= self.new_session_prob <= 1 and 0 <= self.document_share <= 1):
             raise ValueError("new_session_prob and document_share are probabilities")
+        if not self.document_zipf >= 0:  # negative: the least popular documents win
+            raise ValueError(f"document_zipf must be >= 0, got {self.document_zipf}")
 
 
 @dataclass

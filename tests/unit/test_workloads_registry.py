@@ -232,3 +232,22 @@ def test_a_setting_without_meaning_is_refused_in_one_line(
     assert captured.out == ""
     (err,) = captured.err.splitlines()
     assert err.startswith(f"kvcompass loadgen: {line}"), err
+
+
+@pytest.mark.parametrize(
+    ("workload", "value", "line"),
+    [
+        ("synthetic", "turns_mean=nan", "synthetic parameter turns_mean must be finite, got nan"),
+        ("wildchat", "turns_mean=inf", "wildchat parameter turns_mean must be finite, got inf"),
+        ("synthetic", "document_zipf=-1", "document_zipf must be >= 0, got -1.0"),
+        ("synthetic", "rate=inf", "rate must be finite, got inf"),
+    ],
+)
+def test_a_workload_parameter_without_meaning_is_refused_in_one_line(
+    workload: str, value: str, line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # NaN and inf reached numpy ("p contains NaNs") or drew silently; a negative Zipf
+    # exponent made the least popular documents the hot ones.
+    argv = ["--dry-run", "--requests", "5", "--workload", workload, "--set", value]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == f"kvcompass loadgen: {line}"
