@@ -68,6 +68,9 @@ class ChatConfig(TenantedConfig):
             raise ValueError("need turns_mean >= 1, opener_share in [0, 1], openers >= 1")
         if min(self.user_tokens_mean, self.answer_tokens_mean, self.think_s_mean) <= 0:
             raise ValueError("message, answer and think time means must be positive")
+        for name in ("user_tokens_cv", "answer_tokens_cv"):  # a spread: never negative
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,16 @@ class MixedConfig(TenantedConfig):
             raise ValueError("tool_share and document_share are shares summing to <= 1")
         if min(self.tool_sets, self.documents, self.problems, self.template_tokens) < 1:
             raise ValueError("need at least one tool set, document, problem, template token")
+        # Each as --set names it. A negative exponent makes the least popular items the
+        # hot ones; a negative latency puts an agent's next step before its last answer.
+        for name, least in (
+            ("tool_set_zipf", 0.0),
+            ("document_zipf", 0.0),
+            ("tool_latency_s", 0.0),
+            ("agent_steps_mean", 1.0),
+        ):
+            if not getattr(self, name) >= least:
+                raise ValueError(f"{name} must be >= {least:g}, got {getattr(self, name)}")
 
 
 def _length(mean: float, cv: float, lo: int, hi: int) -> Length:

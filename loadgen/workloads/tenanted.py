@@ -82,6 +82,10 @@ class TenantedConfig(Params):
             raise ValueError("need at least one tenant, open session and prompt token")
         if self.azure_lengths and not self.azure:
             raise ValueError("azure_lengths needs an azure trace")
+        if not self.system_tokens_mean > 0:
+            raise ValueError(f"system_tokens_mean must be positive, got {self.system_tokens_mean}")
+        if not self.system_tokens_cv >= 0:  # a spread: negative read as "bad catalog"
+            raise ValueError(f"system_tokens_cv must be >= 0, got {self.system_tokens_cv}")
 
     @property
     def system_length(self) -> Length:

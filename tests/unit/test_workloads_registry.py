@@ -241,6 +241,11 @@ def test_a_setting_without_meaning_is_refused_in_one_line(
         ("wildchat", "turns_mean=inf", "wildchat parameter turns_mean must be finite, got inf"),
         ("synthetic", "document_zipf=-1", "document_zipf must be >= 0, got -1.0"),
         ("synthetic", "rate=inf", "rate must be finite, got inf"),
+        ("mixed", "tool_latency_s=-1", "tool_latency_s must be >= 0, got -1.0"),
+        ("mixed", "agent_steps_mean=0", "agent_steps_mean must be >= 1, got 0.0"),
+        ("mixed", "tool_set_zipf=-1", "tool_set_zipf must be >= 0, got -1.0"),
+        ("wildchat", "system_tokens_cv=-1", "system_tokens_cv must be >= 0, got -1.0"),
+        ("lmsys", "answer_tokens_cv=-1", "answer_tokens_cv must be >= 0, got -1.0"),
     ],
 )
 def test_a_workload_parameter_without_meaning_is_refused_in_one_line(
