@@ -213,8 +213,6 @@ def workload(args: argparse.Namespace, topology: Topology) -> Iterator[LiveReque
     params: dict[str, Any] = _pairs(",".join(args.params)) if args.params else {}
     seed = int(params.pop("seed", args.seed))
     rate = float(params.pop("rate")) if "rate" in params else args.rate
-    if rate is not None and math.isinf(rate):  # as --rate: every arrival at t = 0
-        raise ValueError(f"rate must be finite, got {rate}")
     if args.max_prompt_tokens is not None:
         params["max_prompt_tokens"] = args.max_prompt_tokens
     if args.workload == "trace":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -10,9 +11,17 @@ __all__ = ["poisson_times", "scaled_times"]
 
 
 def poisson_times(rate_per_s: float, seed: int) -> Iterator[float]:
-    """Arrival times (s from 0) of a Poisson process: exponential gaps of mean 1/rate."""
-    if rate_per_s <= 0:
+    """Arrival times (s from 0) of a Poisson process: exponential gaps of mean 1/rate.
+    ValueError at once (not at the first draw) for a rate that is not positive and
+    finite: an infinite one would put every arrival at t = 0."""
+    if not rate_per_s > 0:
         raise ValueError(f"rate must be positive, got {rate_per_s}")
+    if not math.isfinite(rate_per_s):
+        raise ValueError(f"rate must be finite, got {rate_per_s}")
+    return _poisson(rate_per_s, seed)
+
+
+def _poisson(rate_per_s: float, seed: int) -> Iterator[float]:
     rng = np.random.default_rng([seed, 0xA11])
     now = 0.0
     while True:
