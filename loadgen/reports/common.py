@@ -19,7 +19,15 @@ matplotlib.use("Agg")  # no display: files only
 
 from matplotlib.figure import Figure
 
-__all__ = ["Artefact", "render_table", "repo_root", "save_figure", "write_csv", "write_json"]
+__all__ = [
+    "Artefact",
+    "load_label",
+    "render_table",
+    "repo_root",
+    "save_figure",
+    "write_csv",
+    "write_json",
+]
 
 Row = Mapping[str, Any]
 
@@ -59,6 +67,11 @@ def write_csv(path: Path, columns: Sequence[str], rows: Sequence[Row]) -> Path:
 def write_json(path: Path, data: Mapping[str, Any]) -> Path:
     path.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
     return path
+
+
+def load_label(load: float, rate: float) -> str:
+    """A load as figure titles name it: ``1.5 λ0 (237.1 req/s)``, ``λ0 (158.1 req/s)``."""
+    return f"{'' if load == 1 else f'{load:g} '}λ0 ({rate:g} req/s)"
 
 
 def save_figure(fig: Figure, path: Path) -> Path:

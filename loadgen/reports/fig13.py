@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from kvcompass.loadgen.reports.common import Artefact
+from kvcompass.loadgen.reports.common import Artefact, load_label
 from kvcompass.loadgen.reports.fig12 import SCALES, cells, focus_rate
 from kvcompass.loadgen.reports.runs import Run
 from kvcompass.loadgen.reports.sweep import collect
@@ -68,5 +68,5 @@ def run_fig13(
     runs = {c.policy: r for c, r in collect(grid, out, jobs, runner).items()}
     art = Artefact("fig13", COLUMNS, tabulate(runs))
     art.meta = {"topology": s.topology, "rate": focus, "quick": quick}
-    art.write(out, figure(art.rows, f" at {s.focus:g} λ0 ({focus:g} req/s)"))
+    art.write(out, figure(art.rows, f" at {load_label(s.focus, focus)}"))
     return art

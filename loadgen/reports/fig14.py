@@ -22,7 +22,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from numpy.typing import NDArray
 
-from kvcompass.loadgen.reports.common import Artefact
+from kvcompass.loadgen.reports.common import Artefact, load_label
 from kvcompass.loadgen.reports.fig12 import SCALES, cells, focus_rate
 from kvcompass.loadgen.reports.runs import Run
 from kvcompass.loadgen.reports.sweep import collect
@@ -121,5 +121,5 @@ def run_fig14(
         "quick": quick,
         "peak": "hottest worker's compute over the run / the pool mean (paper §5.3)",
     }
-    art.write(out, figure(runs, f" at {s.focus:g} λ0 ({focus:g} req/s)"))
+    art.write(out, figure(runs, f" at {load_label(s.focus, focus)}"))
     return art

@@ -19,7 +19,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from kvcompass.loadgen.reports.cells import paper_cell, rates_of
-from kvcompass.loadgen.reports.common import Artefact
+from kvcompass.loadgen.reports.common import Artefact, load_label
 from kvcompass.loadgen.reports.runs import Run
 from kvcompass.loadgen.reports.sweep import collect, mean_of
 from kvcompass.loadgen.sim.cell import Cell, write_cell
@@ -110,5 +110,5 @@ def run_fig15(
     grid = cells(quick)
     art = Artefact("fig15", (*COLUMNS, "paper_pct"), tabulate(collect(grid, out, jobs, runner)))
     art.meta = {"topology": grid[0].topology, "rate": grid[0].rate, "quick": quick}
-    art.write(out, figure(art.rows, f" at {OVERLOAD:g} λ0 ({grid[0].rate:g} req/s)"))
+    art.write(out, figure(art.rows, f" at {load_label(OVERLOAD, grid[0].rate)}"))
     return art

@@ -21,7 +21,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from kvcompass.loadgen.reports.cells import paper_cell, rates_of
-from kvcompass.loadgen.reports.common import Artefact
+from kvcompass.loadgen.reports.common import Artefact, load_label
 from kvcompass.loadgen.reports.runs import Run
 from kvcompass.loadgen.reports.sweep import collect
 from kvcompass.loadgen.reports.table5 import false_lookup_share
@@ -128,5 +128,5 @@ def run_table4(
         "quick": quick,
         "paper": "Mixed, 3000 req/s; ±100% jitter <2% P99 change; 30% loss −2.5 pp hit",
     }
-    art.write(out, figure(art.rows, f" at λ0 ({grid[0].rate:g} req/s)"))
+    art.write(out, figure(art.rows, f" at {load_label(1.0, grid[0].rate)}"))
     return art
