@@ -207,9 +207,37 @@ def _check_bounds(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name} must be finite, got {value}")
 
 
+def _check_unread(args: argparse.Namespace) -> None:
+    """ValueError naming an option the chosen workload would not read: a run that looks
+    like a trace replay (its folder is even named after the trace) but drew another
+    workload is worse than no run."""
+    trace = args.workload == "trace"
+    given = [
+        (name, trace)
+        for name, unset in (("trace", None), ("skip", 0), ("tenants", "default"))
+        if getattr(args, name, unset) != unset
+    ]
+    if getattr(args, "speed", 1.0) != 1.0:
+        given.append(("speed", trace or getattr(args, "azure", None) is not None))
+    if trace:
+        given += [(n, False) for n in ("azure", "azure_lengths") if getattr(args, n, None)]
+    for name, read in given:
+        if not read:
+            owner = {
+                "speed": "--workload trace and --azure",
+                "azure": "the mixed, wildchat and lmsys workloads",
+                "azure_lengths": "the mixed, wildchat and lmsys workloads",
+            }.get(name, "--workload trace")
+            raise ValueError(
+                f"--{name.replace('_', '-')} is read only by {owner}, not by --workload "
+                f"{args.workload}"
+            )
+
+
 def workload(args: argparse.Namespace, topology: Topology) -> Iterator[LiveRequest]:
     """The requests the arguments describe, bounded by --duration / --requests."""
     _check_bounds(args)
+    _check_unread(args)
     params: dict[str, Any] = _pairs(",".join(args.params)) if args.params else {}
     seed = int(params.pop("seed", args.seed))
     rate = float(params.pop("rate")) if "rate" in params else args.rate

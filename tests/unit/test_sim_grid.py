@@ -407,6 +407,30 @@ def test_sim_run_takes_the_load_generators_trace_options() -> None:
     assert (cell.skip, cell.tenants, cell.speed) == (100, "a,b", 3.0)
 
 
+@pytest.mark.parametrize(
+    ("option", "reader"),
+    [
+        (["--trace", "t.jsonl"], "--workload trace"),
+        (["--skip", "5"], "--workload trace"),
+        (["--tenants", "a,b"], "--workload trace"),
+        (["--speed", "2"], "--workload trace and --azure"),
+    ],
+)
+def test_a_trace_option_given_to_another_workload_stops_the_run_with_one_line(
+    option: list[str], reader: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It used to be ignored: `sim sweep --trace T` drew the synthetic workload into a
+    # folder named after T, and `sim run` printed that workload's summary.
+    args = ["--workload", "mixed", "--requests", "20", *option]
+    line = f"{option[0]} is read only by {reader}, not by --workload mixed"
+    assert sim_cli.main(["run", *args]) == 2
+    assert capsys.readouterr().err.strip() == f"kvcompass sim: {line}"
+    sweep = ["sweep", *args, "--jobs", "1", "--out", str(tmp_path / "sweep")]
+    assert sim_cli.main(sweep) == 2
+    assert capsys.readouterr().err.strip().endswith(f"kvcompass sim: {line}")
+    assert not list((tmp_path / "sweep").glob("*/summary.json"))
+
+
 def test_a_cell_in_which_no_request_arrives_is_an_error_not_a_row_of_zeros(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

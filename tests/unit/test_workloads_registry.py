@@ -120,6 +120,20 @@ def test_azure_arrivals_into_a_workload_without_them_are_refused_in_one_line(
     assert main([*argv, "--workload", "lmsys"]) == 0
 
 
+def test_azure_options_given_to_a_trace_replay_are_refused_in_one_line(
+    azure: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A trace replays its own arrivals: --azure was silently ignored.
+    trace = ["--workload", "trace", "--trace", "t.jsonl", "--dry-run"]
+    for option in (f"--azure={azure}", "--azure-lengths"):
+        assert main([*trace, option]) == 2
+        name = option.split("=")[0]
+        assert capsys.readouterr().err.splitlines() == [
+            f"kvcompass loadgen: {name} is read only by the mixed, wildchat and lmsys "
+            "workloads, not by --workload trace"
+        ]
+
+
 @pytest.mark.parametrize("name", ["mixed", "wildchat", "lmsys"])
 def test_azure_arrivals_are_the_trace_times_in_order_divided_by_speed(
     name: str, azure: Path
