@@ -29,7 +29,7 @@ from kvcompass.loadgen.reports.sweep import collect
 from kvcompass.loadgen.sim.cell import write_cell
 from kvcompass.loadgen.sim.grid import CellRunner
 
-__all__ = ["figure", "load_matrix", "peak_load_factor", "run_fig14"]
+__all__ = ["figure", "load_matrix", "peak_load_factor", "run_fig14", "worker_compute"]
 
 COLUMNS = ("policy", "workers", "windows", "peak_load_factor", "hottest_worker")
 
@@ -48,19 +48,27 @@ def load_matrix(run: Run) -> tuple[list[str], NDArray[np.float64]]:
     return workers, m
 
 
+def worker_compute(run: Run) -> dict[str, float]:
+    """Each worker's compute (reload + prefill ms) over the run; only workers that served."""
+    served = run.requests.get("worker")
+    busy: dict[str, float] = {}
+    if served is None:
+        return busy
+    compute = run.requests["reload_ms"] + run.requests["prefill_ms"]
+    for worker, ms in zip(served, compute, strict=True):
+        busy[str(worker)] = busy.get(str(worker), 0.0) + float(ms)
+    return busy
+
+
 def peak_load_factor(run: Run) -> tuple[float, str]:
     """The hottest worker's compute over the run ÷ the pool mean, and which worker it is.
 
     Workers that served nothing count in the mean (the pool is the summary's
     ``n_workers``), as in the simulator's summary.
     """
-    served = run.requests.get("worker")
-    if served is None or not len(served):
+    busy = worker_compute(run)
+    if not busy:
         return float("nan"), ""
-    busy: dict[str, float] = {}
-    compute = run.requests["reload_ms"] + run.requests["prefill_ms"]
-    for worker, ms in zip(served, compute, strict=True):
-        busy[str(worker)] = busy.get(str(worker), 0.0) + float(ms)
     pool = max(int(run.summary.get("n_workers", 0)), len(busy))
     mean = sum(busy.values()) / pool
     hottest = max(busy, key=busy.__getitem__)

@@ -7,26 +7,38 @@ enough for that noise to average out (60,000 requests, ~940 per worker; the pape
 30-s window at 2750 req/s holds ~1,300), at λ0, 1.5 λ0 and 2 λ0 and three seeds, and
 shows the gap per load. A load factor is a worker's compute (prefill + reload) over the
 pool's mean (:func:`kvcompass.loadgen.reports.fig14.peak_load_factor`).
+
+Each peak is split in two factors whose product it is: ``across_regions``, the hottest worker's
+region's mean compute per worker over the pool's (a region that takes in other regions'
+requests, or keeps its own while others sit idle), and ``in_region``, the hottest worker
+over its region's mean (requests that follow one worker's cached prefixes); beside them
+``pool_busy``, the pool's compute over its workers and the arrival window, which says how
+near capacity the scheme ran.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
 from kvcompass.loadgen.reports.cells import paper_cell, rates_of
 from kvcompass.loadgen.reports.common import Artefact
+from kvcompass.loadgen.reports.fig14 import peak_load_factor, worker_compute
 from kvcompass.loadgen.reports.runs import Run
 from kvcompass.loadgen.reports.sweep import collect, rate_rows
 from kvcompass.loadgen.sim.cell import Cell, write_cell
 from kvcompass.loadgen.sim.grid import CellRunner
+from kvcompass.topology import load_builtin
 
-__all__ = ["TARGET_PCT", "cells", "figure", "run_peak", "tabulate"]
+__all__ = ["TARGET_PCT", "PeakSplit", "cells", "figure", "peak_split", "run_peak", "tabulate"]
 
 TOPOLOGY = "sim-8region"
 POLICIES = ("kvcompass", "oracle")
@@ -46,7 +58,47 @@ COLUMNS = (
     "oracle_ttft_p99_ms",
     "kvcompass_req_per_s",
     "oracle_req_per_s",
+    *(
+        f"{p}_{part}"
+        for p in POLICIES
+        for part in ("hottest_region", "across_regions", "in_region", "pool_busy")
+    ),
 )
+
+
+@dataclass(frozen=True)
+class PeakSplit:
+    """Where one run's peak load factor comes from: peak = ``across_regions`` × ``in_region``."""
+
+    #: The hottest worker's region.
+    region: str
+    #: That region's mean compute per worker ÷ the pool's.
+    across_regions: float
+    #: The hottest worker's compute ÷ its region's mean.
+    in_region: float
+    #: The pool's compute ÷ its workers ÷ the arrival window (1: every worker always busy).
+    pool_busy: float
+
+
+def peak_split(run: Run, workers_in: Mapping[str, int]) -> PeakSplit:
+    """``workers_in``: the topology's workers per region; a worker that served nothing
+    counts in its region's mean as in the pool's."""
+    busy = worker_compute(run)
+    peak, hottest = peak_load_factor(run)
+    if not busy:
+        nan = float("nan")
+        return PeakSplit("", nan, nan, nan)
+    served = zip(run.requests["worker"], run.requests["worker_region"], strict=True)
+    region_of = {str(w): str(r) for w, r in served}
+    region = region_of[hottest]
+    members = [w for w, r in region_of.items() if r == region]
+    region_mean = sum(busy[w] for w in members) / max(workers_in.get(region, 0), len(members))
+    in_region = busy[hottest] / region_mean
+    arrivals = run.requests["arrival_s"]
+    window_ms = 1e3 * float(arrivals.max() - arrivals.min())
+    pool = max(int(run.summary.get("n_workers", 0)), len(busy))
+    busy_share = sum(busy.values()) / pool / window_ms if window_ms > 0 else float("nan")
+    return PeakSplit(region, peak / in_region, in_region, busy_share)
 
 
 def cells(quick: bool) -> list[Cell]:
@@ -66,9 +118,21 @@ def tabulate(runs: Mapping[Cell, Run]) -> list[dict[str, Any]]:
     for row in rate_rows(runs, metrics):
         by_rate.setdefault(row["rate"], {})[row["policy"]] = row
     (unit,) = rates_of(TOPOLOGY, [1.0])
+    workers_in = Counter(w.region for w in load_builtin(TOPOLOGY).workers)
+    splits: dict[tuple[str, float], list[PeakSplit]] = {}
+    for cell, run in runs.items():
+        splits.setdefault((cell.policy, cell.rate), []).append(peak_split(run, workers_in))
     rows = []
     for rate, at in sorted(by_rate.items()):
         ours, oracle = at["kvcompass"], at["oracle"]
+        parts: dict[str, Any] = {}
+        for policy in POLICIES:
+            seeds = splits[policy, rate]
+            # The seeds' hottest regions, most often first ("us" or "us/cn").
+            regions = Counter(p.region for p in seeds)
+            parts[f"{policy}_hottest_region"] = "/".join(r for r, _ in regions.most_common())
+            for part in ("across_regions", "in_region", "pool_busy"):
+                parts[f"{policy}_{part}"] = float(np.mean([getattr(p, part) for p in seeds]))
         gap = 100 * (ours["peak_load_factor"] / oracle["peak_load_factor"] - 1)
         rows.append(
             {
@@ -84,32 +148,51 @@ def tabulate(runs: Mapping[Cell, Run]) -> list[dict[str, Any]]:
                 "kvcompass_req_per_s": ours["throughput_req_per_s"],
                 "oracle_req_per_s": oracle["throughput_req_per_s"],
             }
+            | parts
         )
     return rows
 
 
 def figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 4.2), layout="constrained")
     x = np.arange(len(rows))
     labels = [f"{r['load']:g} λ0\n{r['rate']:.0f} req/s" for r in rows]
-    for offset, policy, color in ((-0.2, "kvcompass", "tab:blue"), (0.2, "oracle", "tab:gray")):
+    schemes = ((-0.2, "kvcompass", "tab:blue"), (0.2, "oracle", "tab:gray"))
+    for offset, policy, color in schemes:
         left.bar(x + offset, [r[f"{policy}_peak"] for r in rows], 0.4, label=policy, color=color)
         left.axhline(PAPER[policy], color=color, ls="--", lw=1, label=f"paper {policy}")
         right.bar(x + offset, [r[f"{policy}_ttft_p99_ms"] for r in rows], 0.4, color=color)
+        # The peak's two factors side by side within the scheme's slot.
+        for shift, part, hatch in ((-0.1, "across_regions", ""), (0.1, "in_region", "//")):
+            values = [r[f"{policy}_{part}"] for r in rows]
+            bars = middle.bar(x + offset + shift, values, 0.2, color=color, hatch=hatch)
+            middle.bar_label(bars, fmt="%.2f", fontsize=7)
     for i, r in enumerate(rows):
         top = max(r["kvcompass_peak"], r["oracle_peak"])
         left.annotate(f"{r['gap_pct']:+.1f} %", (i, top), ha="center", va="bottom", fontsize=9)
     low = min(min(r["kvcompass_peak"], r["oracle_peak"]) for r in rows) if rows else 1.0
     left.set_ylim(min(0.98, low - 0.02), None)
-    left.set_xticks(x, labels)
     left.set_ylabel("peak load factor (hottest worker / mean)")
     left.set_title(f"Peak load factor, {TOPOLOGY} (KVCompass vs Oracle, gap in %)")
     left.legend(fontsize=8, loc="upper right")
-    right.set_xticks(x, labels)
+    middle.legend(
+        handles=[
+            Patch(facecolor="white", edgecolor="black", label="its region ÷ the pool"),
+            Patch(facecolor="white", edgecolor="black", hatch="//", label="it ÷ its region"),
+        ],
+        fontsize=8,
+        loc="upper right",
+        title="hottest worker's compute",
+        title_fontsize=8,
+    )
+    middle.set_ylim(0.9, None)
+    middle.set_ylabel("factor of the peak")
+    middle.set_title("Where the peak comes from (peak = product)")
     right.set_yscale("log")
     right.set_ylabel("P99 TTFT (ms)")
     right.set_title("P99 TTFT of the same runs")
-    for ax in (left, right):
+    for ax in (left, middle, right):
+        ax.set_xticks(x, labels)
         ax.grid(True, axis="y", alpha=0.3)
     return fig
 

@@ -16,7 +16,7 @@ from kvcompass.loadgen.reports.fig12 import run_fig12
 from kvcompass.loadgen.reports.fig13 import run_fig13
 from kvcompass.loadgen.reports.fig14 import peak_load_factor, run_fig14
 from kvcompass.loadgen.reports.fig15 import run_fig15
-from kvcompass.loadgen.reports.peak import run_peak, tabulate
+from kvcompass.loadgen.reports.peak import peak_split, run_peak, tabulate
 from kvcompass.loadgen.reports.runs import Run, load_run
 from kvcompass.loadgen.reports.shipped_grid import run_shipped_grid
 from kvcompass.loadgen.reports.table4 import run_table4
@@ -141,6 +141,31 @@ def test_peak_is_the_hottest_workers_compute_over_the_pool_mean(tmp_path: Path) 
     assert hottest == "w3"
     assert peak == pytest.approx(2.5)
     assert run.summary["peak_load_factor"] == pytest.approx(2.5)  # the simulator's own
+
+
+def test_a_peak_splits_into_its_regions_excess_and_the_hottest_workers_within_it() -> None:
+    # Region a: a0 300 ms, a1 100 ms, a2 idle; region b: b0 200 ms. Pool mean 600 / 4 =
+    # 150, peak a0 = 2.0. Region a's mean counts idle a2: 400 / 3, so a0 is 2.25 times
+    # it and region a 0.889 times the pool. The arrivals span 1 s of four workers: 0.15.
+    served = [("a0", "a", 300.0), ("a1", "a", 100.0), ("b0", "b", 200.0), ("a0", "a", 0.0)]
+    run = Run(
+        summary={"n_workers": 4},
+        config={},
+        requests={
+            "worker": np.array([w for w, _, _ in served], dtype=object),
+            "worker_region": np.array([r for _, r, _ in served], dtype=object),
+            "prefill_ms": np.array([ms for _, _, ms in served]),
+            "reload_ms": np.zeros(len(served)),
+            "arrival_s": np.array([0.0, 0.2, 0.5, 1.0]),
+        },
+        load={},
+    )
+    split = peak_split(run, {"a": 3, "b": 1})
+    assert split.region == "a"
+    assert split.in_region == pytest.approx(2.25)
+    assert split.across_regions == pytest.approx(2.0 / 2.25)
+    assert split.across_regions * split.in_region == pytest.approx(peak_load_factor(run)[0])
+    assert split.pool_busy == pytest.approx(0.15)
 
 
 def test_fig12_has_a_row_of_panels_per_workload_at_each_workloads_own_rates(
