@@ -29,19 +29,21 @@ def read_grid_file(
     other cell options."""
     try:
         spec = tomllib.loads(path.read_text())
-        policies = _listed(spec.pop("policies", policies), str, "policies")
-        rates = [float(r) for r in _listed(spec.pop("rates", rates), (int, float), "rates")]
-        seeds = _listed(spec.pop("seeds", seeds), int, "seeds")
+        policies = _listed(spec.pop("policies", policies), str, "policies", "names")
+        rates = spec.pop("rates", rates)
+        rates = [float(r) for r in _listed(rates, (int, float), "rates", "numbers")]
+        seeds = _listed(spec.pop("seeds", seeds), int, "seeds", "whole numbers")
         return policies, rates, seeds, _cell_options(spec)
     except ValueError as exc:  # tomllib.TOMLDecodeError included
         raise ValueError(f"{path}: {exc}") from None
 
 
-def _listed(value: Any, kind: type | tuple[type, ...], name: str) -> list[Any]:
-    if not isinstance(value, list) or not all(
-        isinstance(v, kind) and not isinstance(v, bool) for v in value
-    ):
+def _listed(value: Any, kind: type | tuple[type, ...], name: str, items: str) -> list[Any]:
+    if not isinstance(value, list):
         raise ValueError(f"{name} must be a list, e.g. {name} = [...], got {value!r}")
+    for v in value:
+        if not isinstance(v, kind) or isinstance(v, bool):
+            raise ValueError(f"{name} must be a list of {items}, got {v!r} in {value!r}")
     return value
 
 

@@ -148,6 +148,9 @@ def test_ctrl_c_in_a_single_run_stops_with_one_line_and_writes_nothing(
         ("rate = 5.0", "unknown option 'rate'"),
         ('policies = "random"', "policies must be a list, e.g. policies = [...], got 'random'"),
         ("rates = [true]", "rates must be a list"),
+        ('rates = [5, "fast"]', "rates must be a list of numbers, got 'fast' in [5, 'fast']"),
+        ("seeds = [0, 1.5]", "seeds must be a list of whole numbers, got 1.5 in [0, 1.5]"),
+        ("policies = [1]", "policies must be a list of names, got 1 in [1]"),
         ("requests = [", "Invalid value"),
     ],
 )
