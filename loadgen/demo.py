@@ -60,7 +60,12 @@ def _parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--topology", default="testbed-3region", choices=builtin_names())
+    parser.add_argument(
+        "--topology",
+        default="testbed-3region",
+        choices=builtin_names(),
+        help="the deployment to start: its regions, workers and round trips",
+    )
     parser.add_argument("--seconds", type=float, default=30.0, help="arrivals per run")
     parser.add_argument("--rate", type=float, default=3.0, help="mean arrivals per second")
     parser.add_argument("--seed", type=int, default=7, help="workload seed (both runs)")

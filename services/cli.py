@@ -33,16 +33,33 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "index-demo",
         help="build a discovery index from synthetic prompts; print memory, speed, false hits",
+        description="Build the maintenance tables of a discovery index from synthetic prompt "
+        "families (each prompt cached by one to three workers, in VRAM or DRAM), derive the "
+        "keyless edge views from them, and print view memory (bits per entry), batch and "
+        "per-request lookup speed, and the false-hit rate of never-inserted prefixes. No "
+        "broker or Redis: everything runs in this process.",
     )
-    demo.add_argument("--topology", default="testbed-3region", choices=builtin_names())
-    demo.add_argument("--entries", type=int, default=1_000_000, help="index entries to build")
+    demo.add_argument(
+        "--topology",
+        default="testbed-3region",
+        choices=builtin_names(),
+        help="whose workers, regions and registration lengths (default: %(default)s)",
+    )
+    demo.add_argument(
+        "--entries",
+        type=int,
+        default=1_000_000,
+        help="index entries to build (default: %(default)s)",
+    )
     demo.add_argument(
         "--fingerprint-bits",
         type=int,
         default=None,
         help="per-cell fingerprint bits (default: the topology's setting; 0 = the paper)",
     )
-    demo.add_argument("--seed", type=int, default=7)
+    demo.add_argument(
+        "--seed", type=int, default=7, help="seeds the synthetic prompts (default: %(default)s)"
+    )
     # Parsed by the commands themselves (see main); listed here for --help.
     sub.add_parser(
         "demo",

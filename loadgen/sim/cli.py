@@ -154,7 +154,15 @@ def parser() -> argparse.ArgumentParser:
         ),
     )
     sub = p.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="one configuration: print a summary, write a folder")
+    run = sub.add_parser(
+        "run",
+        help="one configuration: print a summary, write a folder",
+        description="Simulate one configuration (a policy at a rate for a seed, on a "
+        "topology, with one workload) and print its summary: TTFT and E2E percentiles, "
+        "throughput, reuse, cross-region share, peak load factor. --out also writes "
+        "requests.csv (one row per request), load.csv (per-worker load over time) and "
+        "summary.json.",
+    )
     _cell_arguments(run, sweep=False)
     run.add_argument("--out", type=Path, help="folder for requests.csv, load.csv, summary.json")
     run.add_argument(
