@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from kvcompass.loadgen.driver import DriverConfig
+from kvcompass.loadgen.inputs import input_file
 from kvcompass.loadgen.outputs import output_file
 from kvcompass.loadgen.replay import replay
 from kvcompass.loadgen.summary import render_side_by_side
@@ -238,6 +239,9 @@ def workload(args: argparse.Namespace, topology: Topology) -> Iterator[LiveReque
     """The requests the arguments describe, bounded by --duration / --requests."""
     _check_bounds(args)
     _check_unread(args)
+    for name in ("trace", "azure"):
+        if getattr(args, name, None) is not None:
+            input_file(Path(getattr(args, name)), f"--{name}")
     params: dict[str, Any] = _pairs(",".join(args.params)) if args.params else {}
     seed = int(params.pop("seed", args.seed))
     rate = float(params.pop("rate")) if "rate" in params else args.rate

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from kvcompass.loadgen.demo import default_scenario, demo_workload
+from kvcompass.loadgen.inputs import input_file
 from kvcompass.loadgen.outputs import output_file
 from kvcompass.loadgen.records import RequestRecord, read_records
 from kvcompass.loadgen.scenario import SCENARIO_FILE, DemoScenario
@@ -281,6 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.json is not None:
             output_file(args.json, "--json")
+        input_file(args.live, "--live")
         recorded = DemoScenario.read(folder)
         scenario = scenario_of(recorded, folder, given)
         if recorded is None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from kvcompass.loadgen.cli import workload_parameters
 from kvcompass.loadgen.ctrl_c import sigterm_as_ctrl_c
+from kvcompass.loadgen.inputs import input_file
 from kvcompass.loadgen.outputs import output_folder
 from kvcompass.loadgen.sim.cell import ABLATIONS, Cell, run_cell
 from kvcompass.loadgen.sim.grid import product, run_grid
@@ -254,7 +255,8 @@ def _sweep(args: argparse.Namespace) -> int:
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     override: dict[str, Any] = {}
     if args.grid is not None:
-        policies, rates, seeds, override = read_grid_file(args.grid, policies, rates, seeds)
+        grid_file = input_file(args.grid, "--grid")
+        policies, rates, seeds, override = read_grid_file(grid_file, policies, rates, seeds)
     unknown = sorted(set(policies) - set(POLICY_NAMES))
     if unknown:
         raise ValueError(f"unknown policies {unknown}; known: {', '.join(POLICY_NAMES)}")
