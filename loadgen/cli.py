@@ -21,7 +21,7 @@ from kvcompass.loadgen.driver import DriverConfig
 from kvcompass.loadgen.inputs import input_file
 from kvcompass.loadgen.outputs import output_file
 from kvcompass.loadgen.replay import replay
-from kvcompass.loadgen.summary import render_side_by_side
+from kvcompass.loadgen.summary import failures, render_side_by_side
 from kvcompass.loadgen.workloads import (
     WORKLOADS,
     LiveRequest,
@@ -356,6 +356,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     summary = result.summary
     print(render_side_by_side([summary]))
+    failed = failures(result.records)
+    if failed is not None:
+        print(failed)  # what the table's error counts were
     if args.summary_json:
         try:
             args.summary_json.write_text(json.dumps(dataclasses.asdict(summary), indent=2) + "\n")
@@ -374,4 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "kvcompass loadgen: interrupted; the summary covers finished requests", file=sys.stderr
         )
         return 130
-    return 1 if result.records and not any(r.ok for r in result.records) else 0
+    if result.records and not any(r.ok for r in result.records):
+        print("kvcompass loadgen: every request failed (their errors are above)", file=sys.stderr)
+        return 1
+    return 0

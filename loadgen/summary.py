@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -9,7 +10,7 @@ import numpy as np
 
 from kvcompass.loadgen.records import RequestRecord
 
-__all__ = ["RegionSummary", "RunSummary", "render_side_by_side", "summarize"]
+__all__ = ["RegionSummary", "RunSummary", "failures", "render_side_by_side", "summarize"]
 
 ALL = "all"
 
@@ -158,3 +159,14 @@ def render_side_by_side(runs: Sequence[RunSummary]) -> str:
         if n == 0:
             lines.append("-" * len(lines[0]))
     return "\n".join(lines)
+
+
+def failures(records: Sequence[RequestRecord], shown: int = 3) -> str | None:
+    """One line on the failed requests: how many, and their commonest errors with counts
+    (the table counts errors; this says what they were). None when none failed."""
+    errors = Counter(r.error or f"HTTP {r.status}" for r in records if not r.ok)
+    if not errors:
+        return None
+    top = "; ".join(f"{n} × {error}" for error, n in errors.most_common(shown))
+    more = f"; {len(errors) - shown} other errors" if len(errors) > shown else ""
+    return f"{errors.total()} of {len(records)} requests failed: {top}{more}"

@@ -19,7 +19,7 @@ from aiohttp import web
 from kvcompass.loadgen.cli import main
 from kvcompass.loadgen.driver import DriverConfig, RunResult, drive
 from kvcompass.loadgen.records import RequestRecord, read_records
-from kvcompass.loadgen.summary import render_side_by_side, summarize
+from kvcompass.loadgen.summary import failures, render_side_by_side, summarize
 from kvcompass.loadgen.workloads import LiveRequest
 from kvcompass.services.wanproxy import WanProxy, plan_links
 from kvcompass.topology import load_builtin
@@ -187,6 +187,34 @@ def test_failures_become_error_records(standin: StandIn) -> None:
     assert by_id["r4"].status == 401
     assert by_id["r4"].error == "HTTP 401: invalid API key"
     assert [r.request_id for r in records if r.ok] == ["r5"]
+
+
+def test_failed_requests_are_named_by_their_commonest_errors() -> None:
+    def record(i: int, status: int, error: str | None) -> RequestRecord:
+        return RequestRecord(f"r{i}", "s", "us", "t", 0.0, 0.0, 10, 2, status, error)
+
+    records = [record(i, 503, "HTTP 503: busy") for i in range(3)]
+    records += [record(3, 0, "timeout"), record(4, 200, None), record(5, 404, None)]
+    assert failures(records[4:5]) is None
+    assert failures(records) == (
+        "5 of 6 requests failed: 3 × HTTP 503: busy; 1 × timeout; 1 × HTTP 404"
+    )
+    assert failures(records, shown=1) == (
+        "5 of 6 requests failed: 3 × HTTP 503: busy; 2 other errors"
+    )
+
+
+def test_a_run_in_which_every_request_failed_exits_1_saying_why(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    routers = ",".join(f"{region}={dead}" for region in ("us", "eu", "asia"))
+    assert main(["--requests", "2", "--set", "rate=50", "--routers", routers]) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1].startswith("2 of 2 requests failed: 2 × ClientConnectorError")
+    assert err.splitlines() == ["kvcompass loadgen: every request failed (their errors are above)"]
 
 
 def test_open_loop_sends_on_schedule_while_answers_are_pending(standin: StandIn) -> None:
