@@ -30,6 +30,8 @@ Maker = Callable[[argparse.Namespace], Artefact]
 
 #: The artefacts that read the Mooncake traces (``--traces``).
 TRACE_ARTEFACTS = ("fig2", "fig5b")
+#: The artefacts drawn per workload (``--workloads``).
+WORKLOAD_ARTEFACTS = ("fig12", "fig16")
 
 
 def traces_dir(given: str | None) -> Path:
@@ -90,13 +92,14 @@ def _simulated(module: str) -> Maker:
 def _fig12(a: argparse.Namespace) -> Artefact:
     from kvcompass.loadgen.reports.fig12 import run_fig12
 
-    return run_fig12(a.out, quick=a.quick, jobs=a.jobs, workloads=a.workloads)
+    return run_fig12(a.out, quick=a.quick, jobs=a.jobs, workloads=a.workloads or WORKLOADS)
 
 
 def _fig16(a: argparse.Namespace) -> Artefact:
     from kvcompass.loadgen.reports.fig12 import run_fig12
 
-    return run_fig12(a.out, quick=a.quick, jobs=a.jobs, scale="fig16", workloads=a.workloads)
+    workloads = a.workloads or WORKLOADS
+    return run_fig12(a.out, quick=a.quick, jobs=a.jobs, scale="fig16", workloads=workloads)
 
 
 #: artefact → (what it shows, how to make it)
@@ -149,7 +152,6 @@ def _parser() -> argparse.ArgumentParser:
         "--workloads",
         nargs="+",
         choices=WORKLOADS,
-        default=list(WORKLOADS),
         help="fig12/fig16: the workloads, one row of panels each (default: all three)",
     )
     p.add_argument("--traces", default=None, help="folder of the Mooncake traces (fig2, fig5b)")
@@ -189,6 +191,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = ALL_ORDER if args.artefact == "all" else (args.artefact,)
     # Everything an operator can get wrong is checked before the first simulation.
     try:
+        for flag, readers in (("workloads", WORKLOAD_ARTEFACTS), ("traces", TRACE_ARTEFACTS)):
+            if getattr(args, flag) is not None and not set(names) & set(readers):
+                # Ignored, `table4 --workloads lmsys` would quietly be Mixed's Table 4.
+                raise ValueError(
+                    f"--{flag} is read only by {' and '.join(readers)} (and all), not by "
+                    f"{args.artefact}"
+                )
         output_folder(args.out)
         if args.figures is not None:
             output_folder(args.figures, "--figures")

@@ -84,6 +84,37 @@ def test_a_traces_folder_without_the_traces_stops_before_any_artefact(
     assert made
 
 
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["table4", "--workloads", "lmsys"], "--workloads is read only by fig12 and fig16"),
+        (["fig9", "--traces", "t"], "--traces is read only by fig2 and fig5b"),
+    ],
+)
+def test_an_option_the_artefact_never_reads_stops_before_it_runs(
+    argv: list[str],
+    line: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    made: list[argparse.Namespace] = []
+
+    def make(args: argparse.Namespace) -> Artefact:
+        made.append(args)
+        return Artefact("x", ["x"], [{"x": 1}])
+
+    monkeypatch.setattr(cli, "ARTEFACTS", dict.fromkeys(cli.ARTEFACTS, ("", make)))
+    assert cli.main([*argv, "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"kvcompass report: {line} (and all), not by {argv[0]}"
+    ]
+    assert made == []
+    # Where it is read, it is taken.
+    assert cli.main(["fig16", "--workloads", "lmsys", "--out", str(tmp_path)]) == 0
+    assert made[-1].workloads == ["lmsys"]
+
+
 def test_one_artefact_without_figures_copies_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
