@@ -208,6 +208,13 @@ def _check_bounds(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name} must be finite, got {value}")
 
 
+#: Azure arrivals are the trace's own times: a Poisson rate beside them would be ignored.
+AZURE_RATE = (
+    "a Poisson rate (--rate, --set rate=) is not read with --azure, whose arrivals are the "
+    "trace's own (scale them with --speed)"
+)
+
+
 def _check_unread(args: argparse.Namespace) -> None:
     """ValueError naming an option the chosen workload would not read: a run that looks
     like a trace replay (its folder is even named after the trace) but drew another
@@ -245,6 +252,8 @@ def workload(args: argparse.Namespace, topology: Topology) -> Iterator[LiveReque
     params: dict[str, Any] = _pairs(",".join(args.params)) if args.params else {}
     seed = int(params.pop("seed", args.seed))
     rate = float(params.pop("rate")) if "rate" in params else args.rate
+    if rate is not None and args.azure is not None and args.workload != "trace":
+        raise ValueError(AZURE_RATE)
     if args.max_prompt_tokens is not None:
         params["max_prompt_tokens"] = args.max_prompt_tokens
     if args.workload == "trace":

@@ -130,7 +130,7 @@ class Cell:
         # The load generator's own reading of these options: both replay the same requests.
         args = argparse.Namespace(**dataclasses.asdict(self))
         args.params = list(self.params)
-        if self.trace_times:
+        if self.trace_times or self.azure is not None:
             args.rate = None  # make_workload: the trace's own timestamps
         return workload(args, topology)
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvcompass.loadgen.cli import workload_parameters
+from kvcompass.loadgen.cli import AZURE_RATE, workload_parameters
 from kvcompass.loadgen.ctrl_c import sigterm_as_ctrl_c
 from kvcompass.loadgen.inputs import input_file
 from kvcompass.loadgen.outputs import output_folder
@@ -198,6 +198,8 @@ def _cell(args: argparse.Namespace, **override: Any) -> Cell:
     values["sample_every_s"] = args.sample_every
     if args.command == "run" and args.rate is None and args.workload == "trace":
         values["trace_times"] = True
+    if args.command == "run" and args.rate is not None and args.azure is not None:
+        raise ValueError(AZURE_RATE)
     # A TOML grid gives lists; a cell is hashable (the grid keys its folders by cell).
     values |= {k: tuple(v) if isinstance(v, list) else v for k, v in override.items()}
     return Cell(**values)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from kvcompass.loadgen.cli import main
+from kvcompass.loadgen.sim import cli as sim_cli
 from kvcompass.loadgen.workloads import (
     WORKLOADS,
     LiveRequest,
@@ -143,6 +144,24 @@ def test_azure_arrivals_are_the_trace_times_in_order_divided_by_speed(
         requests = list(make_workload(name, TOPOLOGY, None, 1, azure=str(azure), speed=speed))
         assert len(requests) == len(times)  # the trace ends the workload
         assert [r.at_s for r in requests] == pytest.approx((times / speed).tolist())
+
+
+@pytest.mark.parametrize("rate", [["--rate", "5"], ["--set", "rate=5"]])
+def test_a_rate_beside_azure_arrivals_is_refused_in_one_line(
+    rate: list[str], azure: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The trace's times were replayed and the rate silently dropped.
+    argv = ["--workload", "lmsys", "--azure", str(azure), "--dry-run"]
+    assert main([*argv, *rate]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "kvcompass loadgen: a Poisson rate (--rate, --set rate=) is not read with --azure, "
+        "whose arrivals are the trace's own (scale them with --speed)"
+    ]
+    sim = ["run", "--workload", "lmsys", "--azure", str(azure), "--topology", "testbed-3region"]
+    assert sim_cli.main([*sim, "--rate", "5"]) == 2
+    assert "is not read with --azure" in capsys.readouterr().err
+    assert sim_cli.main(sim) == 0  # a cell with Azure arrivals still runs
+    assert sim_cli.main(["sweep", *sim[1:], "--jobs", "1", "--out", str(azure.parent / "s")]) == 0
 
 
 def test_azure_lengths_set_outputs_and_prompt_lengths_above_the_prefix(azure: Path) -> None:
