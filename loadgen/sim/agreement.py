@@ -282,9 +282,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.json is not None:
             output_file(args.json, "--json")
-        input_file(args.live, "--live")
         recorded = DemoScenario.read(folder)
         scenario = scenario_of(recorded, folder, given)
+        input_file(args.live, "--live")
         if recorded is None:
             print(
                 f"kvcompass sim agree: no {SCENARIO_FILE} beside {args.live}; simulating "
