@@ -254,6 +254,11 @@ def workload(args: argparse.Namespace, topology: Topology) -> Iterator[LiveReque
     rate = float(params.pop("rate")) if "rate" in params else args.rate
     if rate is not None and args.azure is not None and args.workload != "trace":
         raise ValueError(AZURE_RATE)
+    if rate is not None and args.workload == "trace" and args.speed != 1.0:
+        raise ValueError(
+            "--speed scales the trace's own arrival times, which a Poisson rate (--rate, "
+            "--set rate=) replaces: give one of them"
+        )
     if args.max_prompt_tokens is not None:
         params["max_prompt_tokens"] = args.max_prompt_tokens
     if args.workload == "trace":

@@ -431,6 +431,23 @@ def test_a_trace_option_given_to_another_workload_stops_the_run_with_one_line(
     assert not list((tmp_path / "sweep").glob("*/summary.json"))
 
 
+def test_a_trace_replayed_at_a_poisson_rate_refuses_a_speed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --speed scaled nothing once --rate replaced the trace's times, and said nothing.
+    trace = tmp_path / "trace.jsonl"
+    record = {"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1]}
+    trace.write_text(json.dumps(record) + "\n")
+    run = ["run", "--workload", "trace", "--trace", str(trace), "--topology", "testbed-3region"]
+    assert sim_cli.main([*run, "--rate", "5", "--speed", "2"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "kvcompass sim: --speed scales the trace's own arrival times, which a Poisson rate "
+        "(--rate, --set rate=) replaces: give one of them"
+    )
+    assert sim_cli.main([*run, "--speed", "2"]) == 0
+    assert sim_cli.main([*run, "--rate", "5"]) == 0
+
+
 def test_a_cell_in_which_no_request_arrives_is_an_error_not_a_row_of_zeros(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
