@@ -49,6 +49,7 @@ from kvcompass.errors import ConfigError, InvariantBroken, KVCError, Transient
 from kvcompass.services.health import Health
 from kvcompass.services.infra import InfraError, InfraSettings
 from kvcompass.services.infra.state import read_state
+from kvcompass.services.known_settings import warn_unread_variables
 from kvcompass.services.preflight import Address, check_kafka, check_redis
 from kvcompass.services.settings import PipelineSettings
 from kvcompass.services.status_server import StatusServer
@@ -179,6 +180,7 @@ class _Shell:
             json=settings.log_json if settings.log_json is not None else not sys.stderr.isatty(),
             service=spec.name,
         )
+        warn_unread_variables(self.log)
         deadline = time.monotonic() + settings.start_timeout_s
         registry = CollectorRegistry()
         stop = threading.Event()

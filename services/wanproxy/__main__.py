@@ -19,6 +19,7 @@ import structlog
 
 from kvcompass import log as kvc_log
 from kvcompass.errors import ConfigError
+from kvcompass.services.known_settings import warn_unread_variables
 from kvcompass.services.wanproxy.proxy import WanProxy, plan_links
 from kvcompass.services.wanproxy.settings import WanProxySettings, parse_targets
 from kvcompass.topology import Topology, builtin_names, load_builtin, load_topology
@@ -107,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             not sys.stderr.isatty() if settings.log_json is None else settings.log_json,
             service="wanproxy",
         )
+        warn_unread_variables(log)
         topology = _topology(settings.topology)
         asyncio.run(serve(settings, topology))
     except (ConfigError, KeyError, OSError) as exc:

@@ -143,6 +143,45 @@ def test_unknown_topology_is_refused(infra: RunningInfra) -> None:
     assert "KVC_TOPOLOGY='/nowhere/topology.toml'" in line["error"]
 
 
+@pytest.mark.parametrize(
+    ("module", "service"),
+    [(MODULES["mu"], "mu"), ("kvcompass.services.wanproxy", "wanproxy")],
+)
+def test_a_variable_no_program_reads_is_named_at_start_with_the_nearest_known_one(
+    module: str, service: str
+) -> None:
+    # KVC_FLSH_MS left the flush window at its default without a word. KVC_REGION is the
+    # router's and KVC_TRACES the report's: a shared env file holds them, nothing to say.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVC_")}
+    env |= {
+        "KVC_KAFKA_BOOTSTRAP": "127.0.0.1:1",  # refused fast: the warning comes before
+        "KVC_REDIS_URL": "redis://127.0.0.1:1",
+        "KVC_START_TIMEOUT_S": "0.5",
+        "KVC_LOG_JSON": "true",
+        "KVC_FLSH_MS": "5",
+        "KVC_REGION": "us",
+        "KVC_TRACES": "/nowhere",
+        "KVC_TOPOLOGY": "/nowhere/topology.toml",  # the WAN proxy's fast refusal
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", module],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=BOUND_S + 30,
+        check=False,
+    )
+    first, *rest = (json.loads(line) for line in done.stderr.splitlines())
+    assert {k: first[k] for k in ("event", "level", "variable", "did_you_mean", "service")} == {
+        "event": "unknown_setting",
+        "level": "warning",
+        "variable": "KVC_FLSH_MS",
+        "did_you_mean": "KVC_FLUSH_MS",
+        "service": service,
+    }
+    assert [line["event"] for line in rest] == ["start_refused"]
+
+
 @pytest.mark.parametrize("service", ["mu", "edge"])
 def test_help_prints_the_settings_table(service: str) -> None:
     done = subprocess.run(
