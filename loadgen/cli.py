@@ -220,25 +220,26 @@ def _check_unread(args: argparse.Namespace) -> None:
     like a trace replay (its folder is even named after the trace) but drew another
     workload is worse than no run."""
     trace = args.workload == "trace"
-    given = [
-        (name, trace)
-        for name, unset in (("trace", None), ("skip", 0), ("tenants", "default"))
-        if getattr(args, name, unset) != unset
-    ]
-    if getattr(args, "speed", 1.0) != 1.0:
-        given.append(("speed", trace or getattr(args, "azure", None) is not None))
-    if trace:
-        given += [(n, False) for n in ("azure", "azure_lengths") if getattr(args, n, None)]
-    for name, read in given:
-        if not read:
-            owner = {
-                "speed": "--workload trace and --azure",
-                "azure": "the mixed, wildchat and lmsys workloads",
-                "azure_lengths": "the mixed, wildchat and lmsys workloads",
-            }.get(name, "--workload trace")
+    azure = getattr(args, "azure", None) is not None
+    generated = "the mixed, wildchat and lmsys workloads"
+    # (flag, given, read by this workload, what reads it)
+    options = (
+        ("trace", getattr(args, "trace", None) is not None, trace, "--workload trace"),
+        ("skip", getattr(args, "skip", 0) != 0, trace, "--workload trace"),
+        ("tenants", getattr(args, "tenants", "default") != "default", trace, "--workload trace"),
+        (
+            "speed",
+            getattr(args, "speed", 1.0) != 1.0,
+            trace or azure,
+            "--workload trace and --azure",
+        ),
+        ("azure", azure, not trace, generated),
+        ("azure-lengths", bool(getattr(args, "azure_lengths", False)), not trace, generated),
+    )
+    for flag, given, read, readers in options:
+        if given and not read:
             raise ValueError(
-                f"--{name.replace('_', '-')} is read only by {owner}, not by --workload "
-                f"{args.workload}"
+                f"--{flag} is read only by {readers}, not by --workload {args.workload}"
             )
 
 
