@@ -243,6 +243,15 @@ def _check_unread(args: argparse.Namespace) -> None:
             )
 
 
+def _set_number(text: str, name: str, kind: type[int] | type[float]) -> Any:
+    """``--set name=text`` as an int or float, or one ValueError naming it."""
+    try:
+        return kind(text)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise ValueError(f"--set {name} must be {what}, got {text!r}") from None
+
+
 def workload(args: argparse.Namespace, topology: Topology) -> Iterator[LiveRequest]:
     """The requests the arguments describe, bounded by --duration / --requests."""
     _check_bounds(args)
@@ -251,9 +260,16 @@ def workload(args: argparse.Namespace, topology: Topology) -> Iterator[LiveReque
         if getattr(args, name, None) is not None:
             input_file(Path(getattr(args, name)), f"--{name}")
     params: dict[str, Any] = _pairs(",".join(args.params)) if args.params else {}
-    seed = int(params.pop("seed", args.seed))
-    rate = float(params.pop("rate")) if "rate" in params else args.rate
-    if rate is not None and args.azure is not None and args.workload != "trace":
+    seed = args.seed
+    if "seed" in params:
+        seed = _set_number(params.pop("seed"), "seed", int)
+        if seed < 0:
+            raise ValueError(f"--set seed must be at least 0, got {seed}")
+    rate = _set_number(params.pop("rate"), "rate", float) if "rate" in params else args.rate
+    if "azure" in params:
+        input_file(Path(params["azure"]), "--set azure")
+    azure = args.azure is not None or "azure" in params
+    if rate is not None and azure and args.workload != "trace":
         raise ValueError(AZURE_RATE)
     if rate is not None and args.workload == "trace" and args.speed != 1.0:
         raise ValueError(

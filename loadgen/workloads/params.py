@@ -49,16 +49,39 @@ class Params:
             default = fields[name]
             if not isinstance(value, str):
                 typed[name] = value
-            elif isinstance(default, bool):
-                typed[name] = _parse_bool(value)
-            elif isinstance(default, int):
-                typed[name] = int(value)
-            elif isinstance(default, float):
-                number = float(value)
-                # NaN passes range checks written "x < 1"; no parameter means inf.
-                if not math.isfinite(number):
-                    raise ValueError(f"{self.label} parameter {name} must be finite, got {value}")
-                typed[name] = number
-            else:
-                typed[name] = value
-        return dataclasses.replace(self, **typed)  # type: ignore[type-var]
+                continue
+            kind, parse = _PARSERS.get(type(default), ("text", str))
+            try:
+                typed[name] = parse(value)
+            except ValueError:
+                raise ValueError(
+                    f"{self.label} parameter {name} must be {kind}, got {value!r}"
+                ) from None
+            # NaN passes range checks written "x < 1"; no parameter means inf.
+            if isinstance(typed[name], float) and not math.isfinite(typed[name]):
+                raise ValueError(f"{self.label} parameter {name} must be finite, got {value}")
+        made = dataclasses.replace(self, **typed)  # type: ignore[type-var]
+        made.check_by_name()
+        return made
+
+    def check_by_name(self) -> None:
+        """ValueError for a parameter out of the range its name implies, after the
+        config's own checks: a mean length of at least one token, any other mean
+        positive, a spread (CV) and a Zipf exponent never negative. Each would otherwise
+        reach a draw as "math domain error" or "bad catalog: size 2000, length (...)"."""
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            name, value = f.name, getattr(self, f.name)
+            if name.endswith("_tokens_mean") and not value >= 1:
+                raise ValueError(f"{name} must be >= 1 (tokens), got {value}")
+            if name.endswith("_mean") and not value > 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+            if name.endswith(("_cv", "_zipf")) and not value >= 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+
+
+#: How ``--set`` text becomes a parameter of the default's type: (what it must be, parser).
+_PARSERS: dict[type, tuple[str, Any]] = {
+    bool: ("true or false", _parse_bool),
+    int: ("a whole number", int),
+    float: ("a number", float),
+}

@@ -279,6 +279,21 @@ def test_a_setting_without_meaning_is_refused_in_one_line(
         ("mixed", "tool_set_zipf=-1", "tool_set_zipf must be >= 0, got -1.0"),
         ("wildchat", "system_tokens_cv=-1", "system_tokens_cv must be >= 0, got -1.0"),
         ("lmsys", "answer_tokens_cv=-1", "answer_tokens_cv must be >= 0, got -1.0"),
+        # Each of these printed Python's own words, naming no parameter.
+        ("mixed", "tool_sets=0.5", "mixed parameter tool_sets must be a whole number, got '0.5'"),
+        ("lmsys", "turns_mean=two", "lmsys parameter turns_mean must be a number, got 'two'"),
+        (
+            "mixed",
+            "azure_lengths=2",
+            "mixed parameter azure_lengths must be true or false, got '2'",
+        ),
+        ("mixed", "query_tokens_mean=0", "query_tokens_mean must be >= 1 (tokens), got 0.0"),
+        ("lmsys", "opener_tokens_mean=0.5", "opener_tokens_mean must be >= 1 (tokens), got 0.5"),
+        ("lmsys", "opener_zipf=-1", "opener_zipf must be >= 0, got -1.0"),
+        ("mixed", "seed=-1", "--set seed must be at least 0, got -1"),
+        ("mixed", "seed=0.5", "--set seed must be a whole number, got '0.5'"),
+        ("mixed", "rate=fast", "--set rate must be a number, got 'fast'"),
+        ("lmsys", "azure=/nowhere.csv", "--set azure /nowhere.csv: no such file"),
     ],
 )
 def test_a_workload_parameter_without_meaning_is_refused_in_one_line(
