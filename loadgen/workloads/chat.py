@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
+from kvcompass.loadgen.workloads.catalog import MAX_ITEM_TOKENS
 from kvcompass.loadgen.workloads.draws import Zipf
 from kvcompass.loadgen.workloads.params import param
 from kvcompass.loadgen.workloads.regions import RegionShares
@@ -68,6 +69,12 @@ class ChatConfig(TenantedConfig):
             raise ValueError("need turns_mean >= 1, opener_share in [0, 1], openers >= 1")
         if min(self.user_tokens_mean, self.answer_tokens_mean, self.think_s_mean) <= 0:
             raise ValueError("message, answer and think time means must be positive")
+        # Openers are up to 8 × the mean long, each one catalog item.
+        longest = MAX_ITEM_TOKENS // 8
+        if not self.opener_tokens_mean <= longest:
+            raise ValueError(
+                f"opener_tokens_mean must be <= {longest}, got {self.opener_tokens_mean}"
+            )
         for name in ("user_tokens_cv", "answer_tokens_cv"):  # a spread: never negative
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
+from kvcompass.loadgen.workloads.catalog import MAX_ITEM_TOKENS
 from kvcompass.loadgen.workloads.draws import Zipf
 from kvcompass.loadgen.workloads.params import param
 from kvcompass.loadgen.workloads.regions import RegionShares
@@ -96,6 +97,10 @@ class MixedConfig(TenantedConfig):
             raise ValueError("tool_share and document_share are shares summing to <= 1")
         if min(self.tool_sets, self.documents, self.problems, self.template_tokens) < 1:
             raise ValueError("need at least one tool set, document, problem, template token")
+        if self.template_tokens > MAX_ITEM_TOKENS:
+            raise ValueError(
+                f"template_tokens must be <= {MAX_ITEM_TOKENS}, got {self.template_tokens}"
+            )
         # Each as --set names it. A negative exponent makes the least popular items the
         # hot ones; a negative latency puts an agent's next step before its last answer.
         for name, least in (

@@ -81,6 +81,8 @@ class SyntheticConfig(Params):
                 raise ValueError(f"need 1 <= {lo} <= {hi}")
         if not self.rate > 0:
             raise ValueError(f"rate must be positive, got {self.rate}")
+        if self.max_prompt_tokens < 1:  # else every prompt is cut to nothing
+            raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
         if self.turns_mean < 1 or self.vocab < 2:
             raise ValueError(
                 f"need turns_mean >= 1 and vocab >= 2, got {self.turns_mean} and {self.vocab}"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kvcompass.loadgen.workloads.arrivals import poisson_times
 from kvcompass.loadgen.workloads.azure import read_azure
-from kvcompass.loadgen.workloads.catalog import Catalog
+from kvcompass.loadgen.workloads.catalog import MAX_ITEM_TOKENS, Catalog
 from kvcompass.loadgen.workloads.draws import Draws
 from kvcompass.loadgen.workloads.params import Params, param
 from kvcompass.loadgen.workloads.regions import RegionShares
@@ -86,6 +86,12 @@ class TenantedConfig(Params):
             raise ValueError(f"system_tokens_mean must be positive, got {self.system_tokens_mean}")
         if not self.system_tokens_cv >= 0:  # a spread: negative read as "bad catalog"
             raise ValueError(f"system_tokens_cv must be >= 0, got {self.system_tokens_cv}")
+        low, high = self.system_tokens_min, self.system_tokens_max
+        if not 1 <= low <= high <= MAX_ITEM_TOKENS:  # else "bad catalog" too
+            raise ValueError(
+                f"need 1 <= system_tokens_min <= system_tokens_max <= {MAX_ITEM_TOKENS}, "
+                f"got {low} and {high}"
+            )
 
     @property
     def system_length(self) -> Length:

@@ -294,6 +294,19 @@ def test_a_setting_without_meaning_is_refused_in_one_line(
         ("mixed", "seed=0.5", "--set seed must be a whole number, got '0.5'"),
         ("mixed", "rate=fast", "--set rate must be a number, got 'fast'"),
         ("lmsys", "azure=/nowhere.csv", "--set azure /nowhere.csv: no such file"),
+        # These read "bad catalog: size 50, length (800.0, 0.5, 128, 100)", or "empty prompt".
+        (
+            "lmsys",
+            "system_tokens_max=100",
+            "need 1 <= system_tokens_min <= system_tokens_max <= 1048576, got 128 and 100",
+        ),
+        ("mixed", "template_tokens=2000000", "template_tokens must be <= 1048576, got 2000000"),
+        (
+            "wildchat",
+            "opener_tokens_mean=200000",
+            "opener_tokens_mean must be <= 131072, got 200000.0",
+        ),
+        ("synthetic", "max_prompt_tokens=0", "max_prompt_tokens must be >= 1, got 0"),
     ],
 )
 def test_a_workload_parameter_without_meaning_is_refused_in_one_line(
