@@ -9,10 +9,12 @@ import numpy as np
 
 from kvcompass.loadgen.workloads.draws import POOL_TOKENS, lognormal_params, token_pool
 
-__all__ = ["MAX_ITEM_TOKENS", "Catalog"]
+__all__ = ["MAX_ITEMS", "MAX_ITEM_TOKENS", "Catalog"]
 
-#: The longest item a catalog holds: items are distinct slices of the token pool.
+#: The longest item a catalog holds, and the most items: items are slices of the token
+#: pool at distinct offsets.
 MAX_ITEM_TOKENS = POOL_TOKENS // 2
+MAX_ITEMS = POOL_TOKENS // 2
 
 
 class Catalog:
@@ -22,7 +24,12 @@ class Catalog:
         self, seed: int, kind: int, size: int, length: tuple[float, float, int, int], vocab: int
     ) -> None:
         mean, cv, lo, hi = length
-        if size < 1 or not 1 <= lo <= hi <= MAX_ITEM_TOKENS or mean <= 0 or cv < 0:
+        if (
+            not 1 <= size <= MAX_ITEMS
+            or not 1 <= lo <= hi <= MAX_ITEM_TOKENS
+            or mean <= 0
+            or cv < 0
+        ):
             raise ValueError(f"bad catalog: size {size}, length {length}")
         rng = np.random.default_rng([seed, kind])
         mu, sigma = lognormal_params(mean, cv)

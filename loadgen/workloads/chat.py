@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kvcompass.loadgen.workloads.catalog import MAX_ITEM_TOKENS
+from kvcompass.loadgen.workloads.catalog import MAX_ITEM_TOKENS, MAX_ITEMS
 from kvcompass.loadgen.workloads.draws import Zipf
 from kvcompass.loadgen.workloads.params import param
 from kvcompass.loadgen.workloads.regions import RegionShares
@@ -70,6 +70,8 @@ class ChatConfig(TenantedConfig):
         if min(self.user_tokens_mean, self.answer_tokens_mean, self.think_s_mean) <= 0:
             raise ValueError("message, answer and think time means must be positive")
         # Openers are up to 8 × the mean long, each one catalog item.
+        if self.openers > MAX_ITEMS:
+            raise ValueError(f"openers must be <= {MAX_ITEMS}, got {self.openers}")
         longest = MAX_ITEM_TOKENS // 8
         if not self.opener_tokens_mean <= longest:
             raise ValueError(

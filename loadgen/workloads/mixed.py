@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kvcompass.loadgen.workloads.catalog import MAX_ITEM_TOKENS
+from kvcompass.loadgen.workloads.catalog import MAX_ITEM_TOKENS, MAX_ITEMS
 from kvcompass.loadgen.workloads.draws import Zipf
 from kvcompass.loadgen.workloads.params import param
 from kvcompass.loadgen.workloads.regions import RegionShares
@@ -97,6 +97,9 @@ class MixedConfig(TenantedConfig):
             raise ValueError("tool_share and document_share are shares summing to <= 1")
         if min(self.tool_sets, self.documents, self.problems, self.template_tokens) < 1:
             raise ValueError("need at least one tool set, document, problem, template token")
+        for name in ("tool_sets", "documents", "problems"):  # each one catalog
+            if getattr(self, name) > MAX_ITEMS:
+                raise ValueError(f"{name} must be <= {MAX_ITEMS}, got {getattr(self, name)}")
         if self.template_tokens > MAX_ITEM_TOKENS:
             raise ValueError(
                 f"template_tokens must be <= {MAX_ITEM_TOKENS}, got {self.template_tokens}"

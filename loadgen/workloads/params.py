@@ -67,8 +67,9 @@ class Params:
     def check_by_name(self) -> None:
         """ValueError for a parameter out of the range its name implies, after the
         config's own checks: a mean length of at least one token, any other mean
-        positive, a spread (CV) and a Zipf exponent never negative. Each would otherwise
-        reach a draw as "math domain error" or "bad catalog: size 2000, length (...)"."""
+        positive, a spread (CV) and a Zipf exponent never negative, a vocabulary of
+        32-bit token ids. Each would otherwise reach a draw as "math domain error", "bad
+        catalog: size 2000, length (...)" or "high is out of bounds for uint32"."""
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             name, value = f.name, getattr(self, f.name)
             if name.endswith("_tokens_mean") and not value >= 1:
@@ -77,7 +78,11 @@ class Params:
                 raise ValueError(f"{name} must be positive, got {value}")
             if name.endswith(("_cv", "_zipf")) and not value >= 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
+            if name == "vocab" and not value <= _MAX_VOCAB:
+                raise ValueError(f"vocab must be <= {_MAX_VOCAB} (32-bit token ids), got {value}")
 
+
+_MAX_VOCAB = 1 << 32
 
 #: How ``--set`` text becomes a parameter of the default's type: (what it must be, parser).
 _PARSERS: dict[type, tuple[str, Any]] = {

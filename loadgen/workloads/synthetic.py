@@ -31,6 +31,8 @@ from kvcompass.loadgen.workloads.request import LiveRequest
 __all__ = ["SyntheticConfig", "SyntheticWorkload"]
 
 Tokens = NDArray[np.uint32]
+#: The most system-prompt tokens drawn up front (1 GiB of uint32).
+MAX_SYSTEM_TOKENS = 1 << 28
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,14 @@ class SyntheticConfig(Params):
             raise ValueError(f"rate must be positive, got {self.rate}")
         if self.max_prompt_tokens < 1:  # else every prompt is cut to nothing
             raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
+        # Every system prompt is drawn before the first request: bound their memory (a
+        # hundred million tenants took 16 GB and never started).
+        most = self.tenants * self.system_prompts_per_tenant * self.system_tokens_max
+        if most > MAX_SYSTEM_TOKENS:
+            raise ValueError(
+                f"tenants × system_prompts_per_tenant × system_tokens_max must be <= "
+                f"{MAX_SYSTEM_TOKENS:,} tokens, got {most:,}"
+            )
         if self.turns_mean < 1 or self.vocab < 2:
             raise ValueError(
                 f"need turns_mean >= 1 and vocab >= 2, got {self.turns_mean} and {self.vocab}"

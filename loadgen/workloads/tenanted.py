@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kvcompass.loadgen.workloads.arrivals import poisson_times
 from kvcompass.loadgen.workloads.azure import read_azure
-from kvcompass.loadgen.workloads.catalog import MAX_ITEM_TOKENS, Catalog
+from kvcompass.loadgen.workloads.catalog import MAX_ITEM_TOKENS, MAX_ITEMS, Catalog
 from kvcompass.loadgen.workloads.draws import Draws
 from kvcompass.loadgen.workloads.params import Params, param
 from kvcompass.loadgen.workloads.regions import RegionShares
@@ -80,6 +80,8 @@ class TenantedConfig(Params):
             raise ValueError(f"need speed > 0 and vocab >= 2, got {self.speed} and {self.vocab}")
         if min(self.tenants, self.max_open_sessions, self.max_prompt_tokens) < 1:
             raise ValueError("need at least one tenant, open session and prompt token")
+        if self.tenants > MAX_ITEMS:  # one system prompt each, from one catalog
+            raise ValueError(f"tenants must be <= {MAX_ITEMS}, got {self.tenants}")
         if self.azure_lengths and not self.azure:
             raise ValueError("azure_lengths needs an azure trace")
         if not self.system_tokens_mean > 0:

@@ -307,6 +307,22 @@ def test_a_setting_without_meaning_is_refused_in_one_line(
             "opener_tokens_mean must be <= 131072, got 200000.0",
         ),
         ("synthetic", "max_prompt_tokens=0", "max_prompt_tokens must be >= 1, got 0"),
+        # "Cannot take a larger sample than population", "high is out of bounds for
+        # uint32", and a synthetic workload that took 16 GB and never started.
+        ("mixed", "tool_sets=2000000", "tool_sets must be <= 1048576, got 2000000"),
+        ("lmsys", "tenants=2000000", "tenants must be <= 1048576, got 2000000"),
+        ("wildchat", "openers=2000000", "openers must be <= 1048576, got 2000000"),
+        (
+            "lmsys",
+            "vocab=5000000000",
+            "vocab must be <= 4294967296 (32-bit token ids), got 5000000000",
+        ),
+        (
+            "synthetic",
+            "tenants=100000000",
+            "tenants × system_prompts_per_tenant × system_tokens_max must be <= 268,435,456 "
+            "tokens, got 819,200,000,000",
+        ),
     ],
 )
 def test_a_workload_parameter_without_meaning_is_refused_in_one_line(
