@@ -27,6 +27,16 @@ def _parse_bool(text: str) -> bool:
     raise ValueError(f"{text!r} is not a boolean")
 
 
+#: How ``--set`` text becomes a parameter of the default's type: (what it must be, parser).
+_PARSERS: dict[type, tuple[str, Any]] = {
+    bool: ("true or false", _parse_bool),
+    int: ("a whole number", int),
+    float: ("a number", float),
+}
+#: Token ids are 32-bit.
+_MAX_VOCAB = 1 << 32
+
+
 class Params:
     """Mixin of a frozen parameter dataclass; ``label`` names it in error messages."""
 
@@ -80,13 +90,3 @@ class Params:
                 raise ValueError(f"{name} must be >= 0, got {value}")
             if name == "vocab" and not value <= _MAX_VOCAB:
                 raise ValueError(f"vocab must be <= {_MAX_VOCAB} (32-bit token ids), got {value}")
-
-
-_MAX_VOCAB = 1 << 32
-
-#: How ``--set`` text becomes a parameter of the default's type: (what it must be, parser).
-_PARSERS: dict[type, tuple[str, Any]] = {
-    bool: ("true or false", _parse_bool),
-    int: ("a whole number", int),
-    float: ("a number", float),
-}
