@@ -8,7 +8,7 @@ import math
 from dataclasses import field
 from typing import Any, ClassVar, Self, TypeVar
 
-__all__ = ["Params", "param"]
+__all__ = ["MAX_TOKENS", "Params", "param"]
 
 T = TypeVar("T")
 
@@ -35,6 +35,9 @@ _PARSERS: dict[type, tuple[str, Any]] = {
 }
 #: Token ids are 32-bit.
 _MAX_VOCAB = 1 << 32
+#: The longest prompt part or answer a workload draws: past any model's context (a
+#: synthetic ``user_tokens_max`` of 1e9 drew 12 GB for 20 requests).
+MAX_TOKENS = 1 << 20
 
 
 class Params:
@@ -77,9 +80,10 @@ class Params:
     def check_by_name(self) -> None:
         """ValueError for a parameter out of the range its name implies, after the
         config's own checks: a mean length of at least one token, any other mean
-        positive, a spread (CV) and a Zipf exponent never negative, a vocabulary of
-        32-bit token ids. Each would otherwise reach a draw as "math domain error", "bad
-        catalog: size 2000, length (...)" or "high is out of bounds for uint32"."""
+        positive, a spread (CV) and a Zipf exponent never negative, a longest part of at
+        most :data:`MAX_TOKENS`, a vocabulary of 32-bit token ids. Each would otherwise
+        reach a draw as "math domain error", "bad catalog: size 2000, length (...)", "high
+        is out of bounds for uint32", or gigabytes of tokens."""
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             name, value = f.name, getattr(self, f.name)
             if name.endswith("_tokens_mean") and not value >= 1:
@@ -88,5 +92,7 @@ class Params:
                 raise ValueError(f"{name} must be positive, got {value}")
             if name.endswith(("_cv", "_zipf")) and not value >= 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
+            if name.endswith("_tokens_max") and not value <= MAX_TOKENS:
+                raise ValueError(f"{name} must be <= {MAX_TOKENS}, got {value}")
             if name == "vocab" and not value <= _MAX_VOCAB:
                 raise ValueError(f"vocab must be <= {_MAX_VOCAB} (32-bit token ids), got {value}")

@@ -24,6 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvcompass.loadgen.workloads.arrivals import poisson_times
+from kvcompass.loadgen.workloads.catalog import MAX_ITEMS
 from kvcompass.loadgen.workloads.params import Params, param
 from kvcompass.loadgen.workloads.regions import RegionShares
 from kvcompass.loadgen.workloads.request import LiveRequest
@@ -83,6 +84,10 @@ class SyntheticConfig(Params):
                 raise ValueError(f"need 1 <= {lo} <= {hi}")
         if not self.rate > 0:
             raise ValueError(f"rate must be positive, got {self.rate}")
+        if self.documents_per_tenant > MAX_ITEMS:  # a popularity array of that many
+            raise ValueError(
+                f"documents_per_tenant must be <= {MAX_ITEMS}, got {self.documents_per_tenant}"
+            )
         if self.max_prompt_tokens < 1:  # else every prompt is cut to nothing
             raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
         # Every system prompt is drawn before the first request: bound their memory (a

@@ -310,6 +310,17 @@ def test_a_setting_without_meaning_is_refused_in_one_line(
         # "Cannot take a larger sample than population", "high is out of bounds for
         # uint32", and a synthetic workload that took 16 GB and never started.
         ("mixed", "tool_sets=2000000", "tool_sets must be <= 1048576, got 2000000"),
+        # These drew 12 GB in 40 s for 20 requests, or did not finish in a minute.
+        (
+            "synthetic",
+            "user_tokens_max=10000000",
+            "user_tokens_max must be <= 1048576, got 10000000",
+        ),
+        (
+            "synthetic",
+            "documents_per_tenant=10000000",
+            "documents_per_tenant must be <= 1048576, got 10000000",
+        ),
         ("lmsys", "tenants=2000000", "tenants must be <= 1048576, got 2000000"),
         ("wildchat", "openers=2000000", "openers must be <= 1048576, got 2000000"),
         (
