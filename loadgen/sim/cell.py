@@ -17,7 +17,7 @@ from kvcompass.loadgen.cli import workload
 from kvcompass.loadgen.sim.config import SimConfig
 from kvcompass.loadgen.sim.records import SimResult
 from kvcompass.loadgen.sim.simulator import Progress, simulate
-from kvcompass.loadgen.workloads import LiveRequest
+from kvcompass.loadgen.workloads import WORKLOADS, LiveRequest
 from kvcompass.routing import Ablations, RoutingConfig, routing_config
 from kvcompass.topology import Topology, builtin_names, load_builtin, load_topology
 from kvcompass.worker import EvictionPolicy
@@ -87,6 +87,14 @@ class Cell:
             raise ValueError(f"rate must be finite, got {self.rate}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
+        names = (("workload", WORKLOADS), ("eviction", tuple(str(e) for e in EvictionPolicy)))
+        for name, known in names:  # a grid file's typo, before any cell runs
+            if getattr(self, name) not in known:
+                value = getattr(self, name)
+                raise ValueError(f"unknown {name} {value!r}; known: {', '.join(known)}")
+        unknown = set(self.ablations) - set(ABLATIONS)
+        if unknown:
+            raise ValueError(f"unknown ablation(s) {sorted(unknown)}; known: {list(ABLATIONS)}")
         if self.trace_times and self.workload != "trace":
             raise ValueError(f"trace_times replays a trace's arrivals, not {self.workload}'s")
         if self.duration is not None and not self.duration > 0:
@@ -114,9 +122,6 @@ class Cell:
         return re.sub(r"[^A-Za-z0-9_.,+=-]", "_", "__".join(parts))
 
     def sim_config(self, topology: Topology) -> SimConfig:
-        unknown = set(self.ablations) - set(ABLATIONS)
-        if unknown:
-            raise ValueError(f"unknown ablation(s) {sorted(unknown)}; known: {list(ABLATIONS)}")
         ablations = Ablations(**dict.fromkeys(self.ablations, False))
         return SimConfig(
             topology,

@@ -448,6 +448,27 @@ def test_a_trace_replayed_at_a_poisson_rate_refuses_a_speed(
     assert sim_cli.main([*run, "--rate", "5"]) == 0
 
 
+@pytest.mark.parametrize(
+    ("option", "line"),
+    [
+        ('eviction = "lfru"', "unknown eviction 'lfru'; known: lru, lfu, fifo"),
+        ('workload = "mix"', "unknown workload 'mix'; known: mixed, wildchat, lmsys, synthetic, "),
+        ('ablations = ["tiers"]', "unknown ablation(s) ['tiers']; known: ['load_aware', "),
+    ],
+)
+def test_a_grid_naming_an_unknown_choice_runs_no_cell(
+    option: str, line: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The eviction read "'lfru' is not a valid EvictionPolicy", and all three stopped the
+    # sweep only once its first cell ran.
+    grid = tmp_path / "grid.toml"
+    grid.write_text(f'policies = ["random"]\nrates = [5.0]\n{option}\n')
+    out = tmp_path / "out"
+    assert sim_cli.main(["sweep", "--grid", str(grid), "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip().startswith(f"kvcompass sim: {line}")
+    assert not out.exists()
+
+
 def test_a_cell_in_which_no_request_arrives_is_an_error_not_a_row_of_zeros(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
