@@ -208,6 +208,11 @@ def _check_bounds(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name} must be finite, got {value}")
 
 
+#: An endless workload under an infinite --duration and no --requests never ends.
+ENDLESS_INF = (
+    "the {workload} workload is endless and --duration inf bounds nothing: give a finite "
+    "--duration or --requests"
+)
 #: Azure arrivals are the trace's own times: a Poisson rate beside them would be ignored.
 AZURE_RATE = (
     "a Poisson rate (--rate, --set rate=) is not read with --azure, whose arrivals are the "
@@ -334,10 +339,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         topology = _topology(args.topology)
         endless = args.workload != "trace" and args.azure is None
-        if endless and args.duration is None and args.requests is None:
-            raise ValueError(
-                f"the {args.workload} workload is endless: give --duration or --requests"
-            )
+        if endless and args.requests is None:
+            if args.duration is None:
+                raise ValueError(
+                    f"the {args.workload} workload is endless: give --duration or --requests"
+                )
+            if math.isinf(args.duration):  # a dry run listed requests until memory ran out
+                raise ValueError(ENDLESS_INF.format(workload=args.workload))
         requests = workload(args, topology)
         if args.out is not None:
             output_file(args.out, "--out")

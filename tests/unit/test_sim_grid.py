@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from kvcompass.loadgen.cli import main as loadgen_main
 from kvcompass.loadgen.reports.cells import paper_cell
 from kvcompass.loadgen.sim import SimConfig, simulate
 from kvcompass.loadgen.sim import cli as sim_cli
@@ -467,6 +469,24 @@ def test_a_grid_naming_an_unknown_choice_runs_no_cell(
     assert sim_cli.main(["sweep", "--grid", str(grid), "--out", str(out)]) == 2
     assert capsys.readouterr().err.strip().startswith(f"kvcompass sim: {line}")
     assert not out.exists()
+
+
+def test_an_endless_workload_without_a_finite_bound_is_refused_before_it_runs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # `sim run --duration inf` simulated until killed; `loadgen --dry-run --duration inf`
+    # listed requests until memory ran out.
+    line = (
+        "the synthetic workload is endless and --duration inf bounds nothing: give a finite "
+        "--duration or --requests"
+    )
+    with pytest.raises(ValueError, match="endless"):
+        Cell(duration=None)
+    assert sim_cli.main(["run", "--duration", "inf", "--topology", "testbed-3region"]) == 2
+    assert capsys.readouterr().err.strip() == f"kvcompass sim: {line}"
+    assert loadgen_main(["--dry-run", "--duration", "inf"]) == 2
+    assert capsys.readouterr().err.strip() == f"kvcompass loadgen: {line}"
+    assert Cell(duration=math.inf, requests=5).requests == 5  # a count bounds it
 
 
 def test_a_cell_in_which_no_request_arrives_is_an_error_not_a_row_of_zeros(
