@@ -39,10 +39,16 @@ class DemoReport:
         return "\n".join([rule, *lines, rule])
 
 
+#: Prompts kept for the forwarding-lookup timing: an evenly spaced sample of about this
+#: many (keeping every prompt cost ~27 KB each, 3 KB per entry on testbed-3region).
+LATENCY_SAMPLE = 2000
+
+
 def _synthetic_entries(
     topology: Topology, target_entries: int, seed: int
-) -> tuple[dict[TableKey, dict[int, int]], list[np.ndarray], int]:
-    """Packed values per table (one shard), from synthetic prompt families."""
+) -> tuple[dict[TableKey, dict[int, int]], list[np.ndarray], int, int]:
+    """Packed values per table (one shard) from synthetic prompt families, an evenly
+    spaced sample of the prompts, how many prompts there were, and the entries."""
     rng = np.random.default_rng(seed)
     pick = random.Random(seed)
     plan = plan_levels(topology)
@@ -50,7 +56,8 @@ def _synthetic_entries(
     ns = Namespace("demo-model")
     tables: dict[TableKey, dict[int, int]] = defaultdict(dict)
     workers = topology.workers
-    prompts: list[np.ndarray] = []
+    prompts: list[np.ndarray] = []  # every stride-th prompt; the stride doubles as it fills
+    stride, n_prompts = 1, 0
     entries = 0
     families = [
         rng.integers(0, 128_000, int(rng.integers(256, 4096)), dtype=np.uint32) for _ in range(512)
@@ -59,7 +66,11 @@ def _synthetic_entries(
         family = families[int(rng.integers(0, len(families)))]
         suffix = rng.integers(0, 128_000, int(rng.integers(128, 9000)), dtype=np.uint32)
         prompt = np.concatenate([family, suffix])
-        prompts.append(prompt)
+        if n_prompts % stride == 0:
+            prompts.append(prompt)
+            if len(prompts) == 2 * LATENCY_SAMPLE:
+                prompts, stride = prompts[::2], 2 * stride
+        n_prompts += 1
         for _ in range(pick.randint(1, 3)):
             w = workers[pick.randrange(len(workers))]
             tier = Tier.VRAM if pick.random() < 0.7 else Tier.DRAM
@@ -71,7 +82,7 @@ def _synthetic_entries(
                 if old == 0:
                     entries += 1
                 table[key] = with_tier(old, field, tier)
-    return tables, prompts, entries
+    return tables, prompts, n_prompts, entries
 
 
 def match_latencies_us(
@@ -96,7 +107,7 @@ def run_index_demo(
     layout = IndexLayout.from_topology(topology)
     fp_bits = topology.index.fingerprint_bits if fingerprint_bits is None else fingerprint_bits
     t0 = time.perf_counter()
-    per_table, prompts, n_entries = _synthetic_entries(topology, entries, seed)
+    per_table, prompts, n_prompts, n_entries = _synthetic_entries(topology, entries, seed)
     t_gen = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -141,7 +152,7 @@ def run_index_demo(
     ns = Namespace("demo-model")
     edge = topology.regions[0].name
     planner = QueryPlanner(plan, edge, ns)
-    lat_us = match_latencies_us(view, planner, prompts[:: max(1, len(prompts) // 2000)])
+    lat_us = match_latencies_us(view, planner, prompts[:: max(1, len(prompts) // LATENCY_SAMPLE)])
 
     view_bits = 8 * view.nbytes / n_entries
     load = n_entries / sum(t.geometry.n_cells for t in maint.values())
@@ -151,7 +162,7 @@ def run_index_demo(
             f"{topology.name} ({len(topology.workers)} workers, "
             f"{len(topology.regions)} regions, {len(layout.tables)} tables)",
         ),
-        ("entries", f"{n_entries:,} from {len(prompts):,} synthetic prompts"),
+        ("entries", f"{n_entries:,} from {n_prompts:,} synthetic prompts"),
         ("fingerprint bits", str(fp_bits)),
         ("generate / build", f"{t_gen:.1f} s / {t_build:.1f} s"),
         ("table load", f"{100 * load:.1f}% of cells"),
