@@ -208,11 +208,23 @@ def _check_bounds(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name} must be finite, got {value}")
 
 
-#: An endless workload under an infinite --duration and no --requests never ends.
-ENDLESS_INF = (
-    "the {workload} workload is endless and --duration inf bounds nothing: give a finite "
-    "--duration or --requests"
-)
+def check_bounded(
+    workload: str, azure: object, duration: float | None, requests: int | None
+) -> None:
+    """ValueError unless an endless workload (a generated one without Azure arrivals) has
+    a finite --duration or --requests: without either a replay, a dry run or a
+    simulation never ends (an infinite --duration bounds nothing)."""
+    if workload == "trace" or azure is not None or requests is not None:
+        return
+    if duration is None:
+        raise ValueError(f"the {workload} workload is endless: give --duration or --requests")
+    if math.isinf(duration):
+        raise ValueError(
+            f"the {workload} workload is endless and --duration inf bounds nothing: give a "
+            "finite --duration or --requests"
+        )
+
+
 #: Azure arrivals are the trace's own times: a Poisson rate beside them would be ignored.
 AZURE_RATE = (
     "a Poisson rate (--rate, --set rate=) is not read with --azure, whose arrivals are the "
@@ -338,14 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         topology = _topology(args.topology)
-        endless = args.workload != "trace" and args.azure is None
-        if endless and args.requests is None:
-            if args.duration is None:
-                raise ValueError(
-                    f"the {args.workload} workload is endless: give --duration or --requests"
-                )
-            if math.isinf(args.duration):  # a dry run listed requests until memory ran out
-                raise ValueError(ENDLESS_INF.format(workload=args.workload))
+        check_bounded(args.workload, args.azure, args.duration, args.requests)
         requests = workload(args, topology)
         if args.out is not None:
             output_file(args.out, "--out")

@@ -29,7 +29,15 @@ from kvcompass.loadgen.reports.sweep import collect
 from kvcompass.loadgen.sim.cell import write_cell
 from kvcompass.loadgen.sim.grid import CellRunner
 
-__all__ = ["figure", "load_matrix", "peak_load_factor", "run_fig14", "worker_compute"]
+__all__ = [
+    "figure",
+    "load_matrix",
+    "peak_load_factor",
+    "peak_of",
+    "pool_size",
+    "run_fig14",
+    "worker_compute",
+]
 
 COLUMNS = ("policy", "workers", "windows", "peak_load_factor", "hottest_worker")
 
@@ -67,9 +75,19 @@ def peak_load_factor(run: Run) -> tuple[float, str]:
     ``n_workers``), as in the simulator's summary.
     """
     busy = worker_compute(run)
+    return peak_of(busy, pool_size(run, busy))
+
+
+def pool_size(run: Run, busy: Mapping[str, float]) -> int:
+    """The summary's ``n_workers`` (workers that served nothing included), or at least
+    the workers that served."""
+    return max(int(run.summary.get("n_workers", 0)), len(busy))
+
+
+def peak_of(busy: Mapping[str, float], pool: int) -> tuple[float, str]:
+    """The hottest of ``busy``'s workers over the mean of ``pool`` workers, and which."""
     if not busy:
         return float("nan"), ""
-    pool = max(int(run.summary.get("n_workers", 0)), len(busy))
     mean = sum(busy.values()) / pool
     hottest = max(busy, key=busy.__getitem__)
     return (busy[hottest] / mean if mean > 0 else 1.0), hottest

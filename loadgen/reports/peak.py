@@ -31,7 +31,7 @@ from matplotlib.patches import Patch
 
 from kvcompass.loadgen.reports.cells import paper_cell, rates_of
 from kvcompass.loadgen.reports.common import Artefact
-from kvcompass.loadgen.reports.fig14 import peak_load_factor, worker_compute
+from kvcompass.loadgen.reports.fig14 import peak_of, pool_size, worker_compute
 from kvcompass.loadgen.reports.runs import Run
 from kvcompass.loadgen.reports.sweep import collect, rate_rows
 from kvcompass.loadgen.sim.cell import Cell, write_cell
@@ -86,10 +86,11 @@ def peak_split(run: Run, workers_in: Mapping[str, int]) -> PeakSplit:
     """``workers_in``: the topology's workers per region; a worker that served nothing
     counts in its region's mean as in the pool's."""
     busy = worker_compute(run)
-    peak, hottest = peak_load_factor(run)
     if not busy:
         nan = float("nan")
         return PeakSplit("", nan, nan, nan)
+    pool = pool_size(run, busy)
+    peak, hottest = peak_of(busy, pool)
     served = zip(run.requests["worker"], run.requests["worker_region"], strict=True)
     region_of = {str(w): str(r) for w, r in served}
     region = region_of[hottest]
@@ -98,7 +99,6 @@ def peak_split(run: Run, workers_in: Mapping[str, int]) -> PeakSplit:
     in_region = busy[hottest] / region_mean
     arrivals = run.requests["arrival_s"]
     window_ms = 1e3 * float(arrivals.max() - arrivals.min())
-    pool = max(int(run.summary.get("n_workers", 0)), len(busy))
     busy_share = sum(busy.values()) / pool / window_ms if window_ms > 0 else float("nan")
     return PeakSplit(region, peak / in_region, in_region, busy_share)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvcompass.loadgen.cli import ENDLESS_INF, workload
+from kvcompass.loadgen.cli import check_bounded, workload
 from kvcompass.loadgen.sim.config import SimConfig
 from kvcompass.loadgen.sim.records import SimResult
 from kvcompass.loadgen.sim.simulator import Progress, simulate
@@ -101,10 +101,7 @@ class Cell:
             raise ValueError(f"duration must be positive (or unbounded), got {self.duration}")
         if self.requests is not None and self.requests < 1:
             raise ValueError(f"requests must be at least 1 (or unbounded), got {self.requests}")
-        endless = self.workload != "trace" and self.azure is None
-        unbounded = self.duration is None or math.isinf(self.duration)
-        if endless and unbounded and self.requests is None:  # a simulation that never ends
-            raise ValueError(ENDLESS_INF.format(workload=self.workload))
+        check_bounded(self.workload, self.azure, self.duration, self.requests)
         if not self.tau_ms > 0 or not self.lambda_max >= 0:
             raise ValueError(
                 f"the capacity price needs tau_ms > 0 and lambda_max >= 0, got "

@@ -433,13 +433,19 @@ def test_a_trace_option_given_to_another_workload_stops_the_run_with_one_line(
     assert not list((tmp_path / "sweep").glob("*/summary.json"))
 
 
+def _one_record_trace(folder: Path) -> Path:
+    """A Mooncake trace of one 600-token request at t = 0."""
+    trace = folder / "trace.jsonl"
+    record = {"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1]}
+    trace.write_text(json.dumps(record) + "\n")
+    return trace
+
+
 def test_a_trace_replayed_at_a_poisson_rate_refuses_a_speed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # --speed scaled nothing once --rate replaced the trace's times, and said nothing.
-    trace = tmp_path / "trace.jsonl"
-    record = {"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1]}
-    trace.write_text(json.dumps(record) + "\n")
+    trace = _one_record_trace(tmp_path)
     run = ["run", "--workload", "trace", "--trace", str(trace), "--topology", "testbed-3region"]
     assert sim_cli.main([*run, "--rate", "5", "--speed", "2"]) == 2
     assert capsys.readouterr().err.strip() == (
@@ -494,9 +500,7 @@ def test_a_cell_in_which_no_request_arrives_is_an_error_not_a_row_of_zeros(
 ) -> None:
     # A window shorter than the first arrival, and a trace skipped past its end: both
     # used to print TTFT 0.0 ms and exit 0, and a sweep wrote such a cell as done.
-    trace = tmp_path / "trace.jsonl"
-    record = {"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1]}
-    trace.write_text(json.dumps(record) + "\n")
+    trace = _one_record_trace(tmp_path)
     skipped = Cell(topology="testbed-3region", workload="trace", trace=trace, skip=5)
     with pytest.raises(ValueError, match=r"^no request arrived in the trace .*skipping 5 rec"):
         run_cell(skipped)
