@@ -117,6 +117,10 @@ ARTEFACTS: dict[str, tuple[str, Maker]] = {
         "beyond the paper: KVCompass with a remote margin, 3 seeds (sim)",
         _simulated("margin"),
     ),
+    "run-length": (
+        "beyond the paper: every scheme's P99 ÷ KVCompass's by run length, 1.5 λ0 (sim)",
+        _simulated("run_length"),
+    ),
     "fig13": ("prefill tokens reused vs recomputed per scheme, 1.5 λ0 (sim)", _simulated("fig13")),
     "fig14": ("per-worker load factor heatmaps and peaks, 1.5 λ0 (sim)", _simulated("fig14")),
     "fig15": ("ablations: throughput with one mechanism off (sim)", _simulated("fig15")),
@@ -161,9 +165,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-#: ``all``: fig12 before headline, fig13 and fig14 (they reuse its cells), headline before
-#: margin (likewise), fig16 before shipped-grid (it reuses fig12's and fig16's cells),
-#: table5 after fig12 (it reads its cells).
+#: ``all``: fig12 before headline, run-length, fig13 and fig14 (they reuse its cells),
+#: headline before margin (likewise), fig16 before shipped-grid (it reuses fig12's and
+#: fig16's cells), table5 after fig12 (it reads its cells).
 ALL_ORDER = (
     "fig2",
     "fig5b",
@@ -171,6 +175,7 @@ ALL_ORDER = (
     "fig12",
     "headline",
     "margin",
+    "run-length",
     "fig13",
     "fig14",
     "fig15",

@@ -130,6 +130,7 @@ SIMULATED = (
     "fig9",
     "headline",
     "margin",
+    "run-length",
     "fig13",
     "fig14",
     "fig15",

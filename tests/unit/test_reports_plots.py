@@ -17,6 +17,7 @@ from kvcompass.loadgen.reports.fig13 import run_fig13
 from kvcompass.loadgen.reports.fig14 import peak_load_factor, run_fig14
 from kvcompass.loadgen.reports.fig15 import run_fig15
 from kvcompass.loadgen.reports.peak import peak_split, run_peak, tabulate
+from kvcompass.loadgen.reports.run_length import run_run_length
 from kvcompass.loadgen.reports.runs import Run, load_run
 from kvcompass.loadgen.reports.shipped_grid import run_shipped_grid
 from kvcompass.loadgen.reports.table4 import run_table4
@@ -81,6 +82,7 @@ Report = Callable[..., Artefact]
         (run_peak, "peak"),
         (run_table4, "table4"),
         (run_shipped_grid, "shipped-grid"),
+        (run_run_length, "run-length"),
     ],
 )
 def test_report_writes_png_and_csv_with_its_columns(
