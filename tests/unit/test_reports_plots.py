@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from kvcompass.loadgen.reports.fig12 import run_fig12
 from kvcompass.loadgen.reports.fig13 import run_fig13
 from kvcompass.loadgen.reports.fig14 import peak_load_factor, run_fig14
 from kvcompass.loadgen.reports.fig15 import run_fig15
-from kvcompass.loadgen.reports.peak import peak_split, run_peak, tabulate
+from kvcompass.loadgen.reports.peak import oracle_curve, peak_split, run_peak, tabulate
 from kvcompass.loadgen.reports.run_length import run_run_length
 from kvcompass.loadgen.reports.runs import Run, load_run
 from kvcompass.loadgen.reports.shipped_grid import run_shipped_grid
@@ -202,3 +203,36 @@ def test_peak_report_averages_seeds_per_rate_and_flags_the_2_percent_target() ->
     assert not rows[100.0]["within_target"]
     assert rows[200.0]["gap_pct"] == pytest.approx(100 * (1.025 / 1.01 - 1))
     assert rows[200.0]["within_target"]
+
+
+def _busy_run(peak: float, busy: float) -> Run:
+    """A run whose pool (sim-8region's 64 workers) was ``busy`` over a 1-s window."""
+    compute = busy * 64 * 1000.0
+    summary = {"peak_load_factor": peak, "ttft_p99_ms": 1.0, "throughput_req_per_s": 1.0}
+    requests = {
+        "worker": np.array(["us-0", "us-0"], dtype=object),
+        "worker_region": np.array(["us", "us"], dtype=object),
+        "prefill_ms": np.array([compute / 2, compute / 2]),
+        "reload_ms": np.zeros(2),
+        "arrival_s": np.array([0.0, 1.0]),
+    }
+    return Run(summary | {"n_workers": 64}, {}, requests, {})
+
+
+def test_peak_report_compares_kvcompass_with_the_oracle_at_the_same_pool_busy_share() -> None:
+    # The Oracle alone at rate 50 (busy 0.4, peak 1.3) and with KVCompass at 100 (0.8,
+    # 1.05); KVCompass at 100 is 0.5 busy: the Oracle's peak there is 1.3 + 0.25 * -0.25.
+    runs = {
+        Cell("oracle", 50.0): _busy_run(1.3, 0.4),
+        Cell("oracle", 100.0): _busy_run(1.05, 0.8),
+        Cell("kvcompass", 100.0): _busy_run(1.2, 0.5),
+        Cell("oracle", 200.0): _busy_run(1.01, 1.2),
+        Cell("kvcompass", 200.0): _busy_run(1.02, 1.5),  # busier than any Oracle point
+    }
+    rows = {row["rate"]: row for row in tabulate(runs)}
+    assert sorted(rows) == [100.0, 200.0]  # the Oracle-only rate is a point, not a row
+    assert rows[100.0]["oracle_peak_same_busy"] == pytest.approx(1.2375)
+    assert rows[100.0]["gap_same_busy_pct"] == pytest.approx(100 * (1.2 / 1.2375 - 1))
+    assert rows[100.0]["gap_pct"] == pytest.approx(100 * (1.2 / 1.05 - 1))  # same rate
+    assert math.isnan(rows[200.0]["oracle_peak_same_busy"])
+    assert [round(b, 6) for _, b, _ in oracle_curve(runs)] == [0.4, 0.8, 1.2]
