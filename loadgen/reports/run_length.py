@@ -1,9 +1,10 @@
 """Beyond the paper: each scheme's P99 TTFT ratio to KVCompass's against the run's length.
 
 The paper's §5.3 ratios (1.6× the central directory … 14× the DHTs at 3000 req/s) come
-from runs of a length it does not give. A scheme past its own capacity builds a queue
-for as long as requests keep arriving, so its P99, and its ratio to a scheme that keeps
-up, grows with the run; a scheme below capacity settles. Fig. 12's cells hold 6,000
+from runs of a length it does not give. A scheme that sends some worker more work than
+it can do builds that worker's queue for as long as requests keep arriving, so its P99,
+and its ratio to a scheme that keeps up, grows with the run; a scheme whose every worker
+keeps up settles. Fig. 12's cells hold 6,000
 requests (25 s at 1.5 λ0). This report runs every scheme at 1.5 λ0 on sim-8region
 (Mixed, seed 0; the rate that plays the paper's 3000 req/s) at 6,000, 20,000 and 60,000
 requests, and shows which ratios grow and which settle. ``pool_busy`` is the pool's
