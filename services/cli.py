@@ -49,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
         "--entries",
         type=int,
         default=1_000_000,
-        help="index entries to build (default: %(default)s)",
+        help="index entries to build (default: %(default)s; ~300 bytes of memory each, "
+        "refused up front when more than the machine has available)",
     )
     demo.add_argument(
         "--fingerprint-bits",
@@ -144,13 +145,14 @@ def _command(argv: list[str]) -> int:
         return run_service(WORKER, argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "index-demo":
-        from kvcompass.loadgen.index_demo import run_index_demo
+        from kvcompass.loadgen.index_demo import available_memory, check_fits, run_index_demo
 
         try:
             if args.entries < 1:
                 raise ValueError(f"--entries must be positive, got {args.entries}")
             if args.seed < 0:
                 raise ValueError(f"--seed must be >= 0, got {args.seed}")
+            check_fits(args.entries, available_memory())
             report = run_index_demo(args.topology, args.entries, args.fingerprint_bits, args.seed)
         except ValueError as exc:  # the settings' own checks (fingerprint bits)
             print(f"kvcompass index-demo: {exc}", file=sys.stderr)

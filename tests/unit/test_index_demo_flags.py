@@ -38,3 +38,26 @@ def test_ctrl_c_in_a_short_command_stops_it_with_one_line_and_exit_130(
         pytest.fail("Ctrl-C escaped kvcompass index-demo with a traceback")
     assert code == 130
     assert capsys.readouterr().err.splitlines() == ["kvcompass index-demo: interrupted"]
+
+
+def test_more_entries_than_memory_holds_are_refused_before_building(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("kvcompass.loadgen.index_demo.available_memory", lambda: 1 << 20)
+    assert main(["index-demo", "--entries", "1000"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        "kvcompass index-demo: --entries 1,000 needs about 0.3 GiB (~300 bytes per entry); "
+        "0.0 GiB is available here, enough for about 0"
+    ]
+    assert captured.out == ""
+
+
+def test_the_memory_check_names_how_many_entries_fit() -> None:
+    from kvcompass.loadgen.index_demo import BASE_BYTES, BYTES_PER_ENTRY, check_fits
+
+    check_fits(1_000_000, None)  # unknown memory: not checked
+    fits = BASE_BYTES + BYTES_PER_ENTRY * 1_000_000
+    check_fits(1_000_000, fits)
+    with pytest.raises(ValueError, match=r"enough for about 999,999$"):
+        check_fits(1_000_000, fits - 1)
