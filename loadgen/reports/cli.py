@@ -239,5 +239,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.copyfile(png, args.figures / png.name)
             print(f"copied {png.name} to {args.figures}")
     if len(took) > 1:
-        print("\n".join(f"{name:8} {seconds:7.0f} s" for name, seconds in took))
+        width = max(len(name) for name, _ in took)
+        print("\n".join(f"{name:{width}} {seconds:7.0f} s" for name, seconds in took))
     return 0
