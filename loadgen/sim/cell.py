@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import math
 import re
@@ -24,6 +25,8 @@ from kvcompass.worker import EvictionPolicy
 
 __all__ = ["ABLATIONS", "Cell", "recorded_config", "run_cell", "topology_of", "write_cell"]
 
+#: A cell's folder name at most (ASCII; file systems allow 255 bytes per name).
+MAX_KEY_CHARS = 240
 #: Ablation names: each switches one term of the joint score off (Fig. 15).
 ABLATIONS = tuple(f.name for f in dataclasses.fields(Ablations))
 
@@ -120,7 +123,14 @@ class Cell:
             if f.name not in _IN_HEAD and value != getattr(defaults, f.name):
                 shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
                 parts.append(f"{f.name}={shown}")
-        return re.sub(r"[^A-Za-z0-9_.,+=-]", "_", "__".join(parts))
+        key = re.sub(r"[^A-Za-z0-9_.,+=-]", "_", "__".join(parts))
+        if len(key) <= MAX_KEY_CHARS:
+            return key
+        # A folder name must fit the file system's 255 bytes: eight region weights or a
+        # few --set values overran it and the sweep died on "File name too long". The
+        # head keeps the name readable; a digest of the whole key keeps it unique.
+        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+        return f"{key[: MAX_KEY_CHARS - len(digest) - 2]}__{digest}"
 
     def sim_config(self, topology: Topology) -> SimConfig:
         ablations = Ablations(**dict.fromkeys(self.ablations, False))

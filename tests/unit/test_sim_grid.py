@@ -17,7 +17,13 @@ from kvcompass.loadgen.cli import main as loadgen_main
 from kvcompass.loadgen.reports.cells import paper_cell
 from kvcompass.loadgen.sim import SimConfig, simulate
 from kvcompass.loadgen.sim import cli as sim_cli
-from kvcompass.loadgen.sim.cell import Cell, recorded_config, run_cell, topology_of
+from kvcompass.loadgen.sim.cell import (
+    MAX_KEY_CHARS,
+    Cell,
+    recorded_config,
+    run_cell,
+    topology_of,
+)
 from kvcompass.loadgen.sim.fingerprint import code_fingerprint, fingerprint_of
 from kvcompass.loadgen.sim.grid import done_summary, run_grid
 from kvcompass.loadgen.sim.testing import shared_prefixes
@@ -204,6 +210,22 @@ def test_cell_keys_differ_by_every_knob() -> None:
         Cell("kvcompass", 100, jitter_pct=50),
     ]
     assert len({c.key for c in cells}) == len(cells)
+
+
+def test_a_cell_with_many_knobs_still_names_a_folder_the_file_system_takes(
+    tmp_path: Path,
+) -> None:
+    # Eight region weights with full float digits made a 330-character name: a sweep
+    # died on "File name too long".
+    weights = (0.6, *(0.4 * w / 34 for w in (13, 8, 3, 3, 3, 2, 2)))
+    cell = paper_cell("kvcompass", 237.1, requests=20000, region_weights=weights)
+    other = paper_cell("kvcompass", 237.1, requests=20000, region_weights=(*weights[:-1], 0.02))
+    assert cell.key != other.key
+    assert cell.key.startswith("mixed__kvcompass__r237.1__")
+    for c in (cell, other):
+        assert len(c.key) <= MAX_KEY_CHARS
+        (tmp_path / c.key).mkdir()  # OSError if the name were too long
+    assert Cell("kvcompass", 100).key == "synthetic__kvcompass__r100"  # short keys unchanged
 
 
 def test_report_cells_keep_the_papers_edges_but_table4_compares_both() -> None:
