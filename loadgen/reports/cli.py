@@ -139,7 +139,8 @@ ARTEFACTS: dict[str, tuple[str, Maker]] = {
 
 
 def _parser() -> argparse.ArgumentParser:
-    listing = "\n".join(f"  {name:11} {what}" for name, (what, _) in ARTEFACTS.items())
+    width = max(map(len, ARTEFACTS))
+    listing = "\n".join(f"  {name:{width}} {what}" for name, (what, _) in ARTEFACTS.items())
     p = argparse.ArgumentParser(
         prog="kvcompass report",
         description="Regenerate one paper artefact: PNG + CSV + JSON, and a table on stdout.",
