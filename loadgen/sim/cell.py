@@ -126,8 +126,8 @@ class Cell:
         key = re.sub(r"[^A-Za-z0-9_.,+=-]", "_", "__".join(parts))
         if len(key) <= MAX_KEY_CHARS:
             return key
-        # A folder name must fit the file system's 255 bytes: eight region weights or a
-        # few --set values overran it and the sweep died on "File name too long". The
+        # A folder name must fit the file system's 255 bytes: eight region weights at
+        # full float digits overran it and the sweep died on "File name too long". The
         # head keeps the name readable; a digest of the whole key keeps it unique.
         digest = hashlib.sha256(key.encode()).hexdigest()[:16]
         return f"{key[: MAX_KEY_CHARS - len(digest) - 2]}__{digest}"
