@@ -105,6 +105,11 @@ class PeakSplit:
     #: The pool's compute ÷ its workers ÷ the arrival window (1: every worker always busy).
     pool_busy: float
 
+    @property
+    def hottest_busy(self) -> float:
+        """The hottest worker's compute ÷ the arrival window (above 1: its queue grows)."""
+        return self.pool_busy * self.across_regions * self.in_region
+
 
 def peak_split(run: Run, workers_in: Mapping[str, int]) -> PeakSplit:
     """``workers_in``: the topology's workers per region; a worker that served nothing
@@ -168,7 +173,9 @@ def _at_busy(curve: Sequence[tuple[float, float, float]], busy: float) -> float:
     return float(np.interp(busy, [b for b, _ in known], [p for _, p in known]))
 
 
-def tabulate(runs: Mapping[Cell, Run]) -> list[dict[str, Any]]:
+def tabulate(
+    runs: Mapping[Cell, Run], curve: Sequence[tuple[float, float, float]] | None = None
+) -> list[dict[str, Any]]:
     """One row per rate: each scheme's summary averaged over the seeds, and the gap."""
     metrics = ("peak_load_factor", "ttft_p99_ms", "throughput_req_per_s")
     by_rate: dict[float, dict[str, Mapping[str, Any]]] = {}
@@ -179,7 +186,8 @@ def tabulate(runs: Mapping[Cell, Run]) -> list[dict[str, Any]]:
     splits: dict[tuple[str, float], list[PeakSplit]] = {}
     for cell, run in runs.items():
         splits.setdefault((cell.policy, cell.rate), []).append(peak_split(run, workers_in))
-    curve = oracle_curve(runs)
+    if curve is None:
+        curve = oracle_curve(runs)
     rows = []
     for rate, at in sorted(by_rate.items()):
         if "kvcompass" not in at:
@@ -298,7 +306,7 @@ def run_peak(out: Path, *, quick: bool, jobs: int = 1, runner: CellRunner = writ
     grid = cells(quick)
     runs = collect(grid, out, jobs, runner)
     curve = oracle_curve(runs)
-    art = Artefact("peak", COLUMNS, tabulate(runs))
+    art = Artefact("peak", COLUMNS, tabulate(runs, curve))
     art.meta = {
         "oracle_load_busy_peak": curve,
         "topology": TOPOLOGY,

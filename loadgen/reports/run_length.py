@@ -95,7 +95,7 @@ def tabulate(runs: Mapping[Cell, Run]) -> list[dict[str, Any]]:
                 "paper_p99_over_kvc": PAPER_RATIOS.get(cell.policy, float("nan")),
                 "throughput_req_per_s": float(summary["throughput_req_per_s"]),
                 "pool_busy": split.pool_busy,
-                "hottest_busy": split.pool_busy * split.across_regions * split.in_region,
+                "hottest_busy": split.hottest_busy,
                 "peak_load_factor": float(summary["peak_load_factor"]),
             }
         )
