@@ -497,6 +497,10 @@ class PrefixCache:
                 run = self._victim(_VRAM)
                 if run is None:
                     break
+            streamed = self._stream_down(run, leaf, wanted - made)
+            if streamed:
+                made += streamed
+                continue
             used[_VRAM] -= 1
             if used[_DRAM] >= dram_blocks:
                 if leaf is None or not self._ahead_of_queue(leaf):
@@ -517,6 +521,74 @@ class PrefixCache:
             if rest is not None:
                 self._queue_next(rest)
         return made
+
+    def _stream_down(self, run: _Run, leaf: _Run | None, limit: int) -> int:
+        """Up to ``limit`` steps of :meth:`_make_room`'s loop at once, where each would
+        only move a boundary by one block; how many were taken (0: take one step the
+        long way).
+
+        The steady state of a full worker: ``run``'s last VRAM block joins the DRAM run
+        below it (same uses, so the same state) and, once DRAM is full, ``leaf``'s last
+        block is evicted for it, step after step. No such step queues anything or
+        changes another run, so ``run`` stays VRAM's victim and ``leaf`` DRAM's while
+        its key stays ahead of the queue. ``s`` such steps come to: ``run`` ends ``s``
+        blocks shallower and the run below starts there, ``leaf`` (if DRAM is full)
+        ends one block shallower per eviction, and the changes at registered depths
+        are reported in the loop's order (each step's eviction before its demotion).
+        A step that would empty either run, or take a new victim, goes the long way.
+        """
+        if len(run.children) != 1:
+            return 0
+        (below,) = run.children.values()
+        if below.tier is not _DRAM or below.uses != run.uses:
+            return 0
+        top = run.last
+        steps = min(limit, top - run.first)  # run keeps its first block
+        free = self.capacity[_DRAM] - self.used[_DRAM]
+        if steps > free:
+            evictions = 0 if leaf is None else self._evictable(leaf)
+            steps = min(steps, max(free, 0) + evictions)
+        if steps <= 0:
+            return 0
+        first_eviction = max(free, 0)
+        evicted = max(0, steps - first_eviction)
+        end = leaf.last if leaf is not None else 0
+        registered, width, size = self._registered_depths, self._width, self.block_size
+        for step in range(steps):
+            if leaf is not None and step >= first_eviction:
+                depth = end - (step - first_eviction)
+                if depth in registered:
+                    tokens = np.frombuffer(leaf.source[: depth * width], dtype=_TOKEN)
+                    self._emit(
+                        leaf.namespace, EventKind.EVICT, Tier.ABSENT, tokens, (depth * size,)
+                    )
+            depth = top - step
+            if depth in registered:
+                tokens = np.frombuffer(run.source[: depth * width], dtype=_TOKEN)
+                self._emit(run.namespace, EventKind.TIER, _DRAM, tokens, (depth * size,))
+        new_top = top - steps
+        below.first = new_top + 1
+        run.children = {self._block(run, new_top + 1): below}
+        run.last = new_top
+        run.version = next(self._versions)
+        if leaf is not None and evicted:
+            leaf.last = end - evicted
+            leaf.version = next(self._versions)
+        self.used[_VRAM] -= steps
+        self.used[_DRAM] += steps - evicted
+        return steps
+
+    def _evictable(self, leaf: _Run) -> int:
+        """How many of ``leaf``'s blocks :meth:`_make_room` would evict one after the
+        other without taking another victim: while ``leaf`` keeps a block and its key
+        (which grows by one per evicted block) stays ahead of its tier's queue."""
+        count = leaf.last - leaf.first
+        key = self._key(leaf)
+        heap, beside = self._heaps[_DRAM], self._next[_DRAM]
+        for entry in (heap[0] if heap else None, beside):
+            if entry is not None:
+                count = min(count, _steps_below(key, entry[0]))
+        return count
 
     def _demote_last(self, run: _Run) -> bool:
         """Move ``run``'s last block (a VRAM frontier block) to DRAM. It joins its DRAM
@@ -752,6 +824,16 @@ class PrefixCache:
     ) -> None:
         if self._on_change is not None:
             self._on_change(PrefixChange(namespace, kind, tier, tokens, lengths))
+
+
+def _steps_below(key: Any, bound: Any) -> int:
+    """How many of ``key``, ``key`` + 1, ... are below ``bound`` (eviction keys: ints,
+    or LFU's (uses, int) pairs, whose int part grows)."""
+    if isinstance(key, tuple):
+        if key[0] != bound[0]:
+            return 0 if key[0] > bound[0] else 1 << 62
+        key, bound = key[1], bound[1]
+    return max(0, int(bound) - int(key))
 
 
 def _runs(root: _Run) -> Iterator[_Run]:
