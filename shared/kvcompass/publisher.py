@@ -21,8 +21,9 @@ from collections import defaultdict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
+from kvcompass.hashing import mix64
 from kvcompass.index.layout import Tier
-from kvcompass.keys import Namespace, PrefixHasher, TokenIds, shard_list
+from kvcompass.keys import SHARD_SALT, Namespace, PrefixHasher, TokenIds, shard_list
 from kvcompass.levels import LevelPlan
 from kvcompass.pipeline.clock import Clock, SystemClock
 from kvcompass.topology import Worker
@@ -35,6 +36,14 @@ Send = Callable[[int, bytes], None]
 
 #: Hashers kept for (namespace, lengths) pairs before the publisher forgets them all.
 _MAX_HASHERS = 4096
+
+#: The column values of every valid (kind, tier): checked once here, not per change.
+_COLUMNS: dict[tuple[EventKind, Tier], tuple[int, int]] = {
+    (kind, tier): (int(kind), int(tier))
+    for kind in EventKind
+    for tier in Tier
+    if (tier is Tier.ABSENT) == (kind is EventKind.EVICT)
+}
 
 
 @dataclass(slots=True)
@@ -119,9 +128,12 @@ class EventPublisher:
         of the registration lengths; ``namespace`` overrides the publisher's own (one
         worker, one incarnation and one numbering, several tenants).
         """
-        event = KVEvent(kind, tier)  # refuses a bad kind or tier now, not at the flush
+        columns = _COLUMNS.get((kind, tier)) if type(kind) is EventKind else None
+        if columns is None or type(tier) is not Tier:
+            event = KVEvent(kind, tier)  # refuses a bad kind or tier now, not at the flush
+            columns = int(event.kind), int(event.tier)
         if lengths is None and namespace is None:
-            keys = self._hasher.keys(tokens)
+            hasher = self._hasher
         else:
             if lengths is None:
                 lengths = self._lengths
@@ -130,25 +142,34 @@ class EventPublisher:
                 raise ValueError(
                     f"lengths {unknown} are not registration lengths of {self.worker.id}"
                 )
-            keys = self._hasher_for(namespace or self.namespace, lengths).keys(tokens)
-        key_list = list(keys.values())
-        by_shard: dict[int, tuple[list[int], list[int]]] = {}
-        for length, key, shard in zip(
-            keys, key_list, shard_list(key_list, self.n_shards), strict=True
-        ):
-            group = by_shard.get(shard)
-            if group is None:
-                by_shard[shard] = group = ([], [])
-            group[0].append(length)
-            group[1].append(key)
-        kind_value, tier_value = int(event.kind), int(event.tier)
-        for shard, (lengths_of_shard, keys_of_shard) in by_shard.items():
+            hasher = self._hasher_for(namespace or self.namespace, lengths)
+        keys = hasher.key_list(tokens)  # at the first len(keys) of hasher.lengths
+        kind_value, tier_value = columns
+        if len(keys) == 1:  # a demotion or an eviction: one length, one shard
+            shard = mix64(keys[0] ^ SHARD_SALT) % self.n_shards  # keys are 63-bit
             pending = self._pending[shard]
             pending.kinds.append(kind_value)
             pending.tiers.append(tier_value)
-            pending.counts.append(len(keys_of_shard))
-            pending.lengths += lengths_of_shard
-            pending.keys += keys_of_shard
+            pending.counts.append(1)
+            pending.lengths.append(hasher.lengths[0])
+            pending.keys.append(keys[0])
+        else:
+            by_shard: dict[int, tuple[list[int], list[int]]] = {}
+            for length, key, shard in zip(
+                hasher.lengths, keys, shard_list(keys, self.n_shards), strict=False
+            ):
+                group = by_shard.get(shard)
+                if group is None:
+                    by_shard[shard] = group = ([], [])
+                group[0].append(length)
+                group[1].append(key)
+            for shard, (lengths_of_shard, keys_of_shard) in by_shard.items():
+                pending = self._pending[shard]
+                pending.kinds.append(kind_value)
+                pending.tiers.append(tier_value)
+                pending.counts.append(len(keys_of_shard))
+                pending.lengths += lengths_of_shard
+                pending.keys += keys_of_shard
         self._pending_keys += len(keys)
         if self._pending_keys >= self.max_buffered_keys:
             return self.flush()

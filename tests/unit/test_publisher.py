@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from kvcompass.index.layout import Tier
-from kvcompass.keys import Namespace, prefix_keys
+from kvcompass.keys import Namespace, prefix_keys, shard_of
 from kvcompass.levels import plan_levels
 from kvcompass.pipeline.clock import ManualClock
 from kvcompass.publisher import EventPublisher
 from kvcompass.topology import load_builtin
-from kvcompass.wire import EventKind, KVEventBatch, decode
+from kvcompass.wire import EventKind, KVEventBatch, WireError, decode
 
 TOPOLOGY = load_builtin("testbed-3region")
 WORKER = TOPOLOGY.workers[0]
@@ -97,3 +97,47 @@ def test_announce_sends_every_shard_one_batch_of_this_incarnation_in_sequence() 
     # Nothing buffered: every shard still gets a batch, an empty one.
     again = buffered.announce()
     assert [(b.shard, b.n_keys, b.worker_seq) for b in again] == [(s, 0, 4 + s) for s in range(4)]
+
+
+def test_every_one_length_change_lands_in_its_keys_shard() -> None:
+    """A demotion or eviction (one length) goes straight to its key's shard."""
+    pub = EventPublisher(WORKER, PLAN, OWN, 8, None, 1 << 20, incarnation=7, clock=ManualClock())
+    registered = PLAN.registration_lengths[WORKER.region]
+    for length in registered:
+        pub.publish(EventKind.TIER, TOKENS, Tier.DRAM, namespace=OWN, lengths=(length,))
+        pub.publish(EventKind.EVICT, TOKENS, Tier.ABSENT, namespace=OWN, lengths=(length,))
+    batches = pub.flush()
+    placed = {(e.kind, pair, b.shard) for b in batches for e in b.events for pair in e.keys}
+    expected = prefix_keys(TOKENS, registered, OWN)
+    assert placed == {
+        (kind, (length, key), shard_of(key, 8))
+        for length, key in expected.items()
+        for kind in (EventKind.TIER, EventKind.EVICT)
+    }
+
+
+@pytest.mark.parametrize(
+    ("kind", "tier", "message"),
+    [
+        (EventKind.EVICT, Tier.VRAM, "EVICT carries tier 0"),
+        (EventKind.ADMIT, Tier.ABSENT, "ADMIT needs tier 1..2"),
+        (EventKind.TIER, 3, "tier"),
+        (True, Tier.VRAM, "kind"),
+        (4, Tier.VRAM, "kind"),
+    ],
+)
+def test_a_bad_kind_or_tier_is_refused_when_published(
+    kind: object, tier: object, message: str
+) -> None:
+    pub = publisher([])
+    with pytest.raises(WireError, match=message):
+        pub.publish(kind, TOKENS, tier)  # type: ignore[arg-type]
+    assert pub.flush() == []  # nothing was buffered
+
+
+def test_kind_and_tier_given_as_ints_are_published_as_their_enums() -> None:
+    bare = EventPublisher(WORKER, PLAN, OWN, 4, None, 1 << 20, incarnation=7, clock=ManualClock())
+    bare.publish(2, TOKENS, 2)  # type: ignore[arg-type]
+    events = [e for b in bare.flush() for e in b.events]
+    assert events
+    assert {(e.kind, e.tier) for e in events} == {(EventKind.TIER, Tier.DRAM)}
