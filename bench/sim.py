@@ -174,7 +174,7 @@ def main() -> None:
         type=int,
         default=0,
         metavar="N",
-        help="also N Mixed requests at 1.5 λ0, long enough to fill caches (20000: ~40 s)",
+        help="also N Mixed requests at 1.5 λ0, long enough to fill caches (20000: ~25 s)",
     )
     args = p.parse_args()
     count = args.requests or (1000 if args.quick else 5000)
