@@ -252,13 +252,11 @@ class PrefixCache:
 
     def clear(self) -> None:
         """Evict everything, reporting every held registration length (deepest first)."""
-        registered, width = self._registered_depths, self._width
+        registered = self._registered_depths
         for root in list(self._roots.values()):
             for run, depth in reversed(list(_blocks(root))):
                 if depth and depth in registered:
-                    tokens = np.frombuffer(run.source[: depth * width], dtype=_TOKEN)
-                    length = (depth * self.block_size,)
-                    self._emit(run.namespace, EventKind.EVICT, Tier.ABSENT, tokens, length)
+                    self._emit_at(run.namespace, EventKind.EVICT, Tier.ABSENT, run.source, depth)
         self._roots.clear()
         self.used = dict.fromkeys(self.used, 0)
         for heap in self._heaps.values():
@@ -553,19 +551,15 @@ class PrefixCache:
         first_eviction = max(free, 0)
         evicted = max(0, steps - first_eviction)
         end = leaf.last if leaf is not None else 0
-        registered, width, size = self._registered_depths, self._width, self.block_size
+        registered = self._registered_depths
         for step in range(steps):
             if leaf is not None and step >= first_eviction:
                 depth = end - (step - first_eviction)
                 if depth in registered:
-                    tokens = np.frombuffer(leaf.source[: depth * width], dtype=_TOKEN)
-                    self._emit(
-                        leaf.namespace, EventKind.EVICT, Tier.ABSENT, tokens, (depth * size,)
-                    )
+                    self._emit_at(leaf.namespace, EventKind.EVICT, Tier.ABSENT, leaf.source, depth)
             depth = top - step
             if depth in registered:
-                tokens = np.frombuffer(run.source[: depth * width], dtype=_TOKEN)
-                self._emit(run.namespace, EventKind.TIER, _DRAM, tokens, (depth * size,))
+                self._emit_at(run.namespace, EventKind.TIER, _DRAM, run.source, depth)
         new_top = top - steps
         below.first = new_top + 1
         run.children = {self._block(run, new_top + 1): below}
@@ -651,8 +645,7 @@ class PrefixCache:
         if moved.last == depth and not moved.children:  # a DRAM frontier block
             self._push(_DRAM, (self._key(moved), moved.version, moved))
         if depth in self._registered_depths:
-            tokens = np.frombuffer(run.source[: depth * self._width], dtype=_TOKEN)
-            self._emit(run.namespace, EventKind.TIER, _DRAM, tokens, (depth * self.block_size,))
+            self._emit_at(run.namespace, EventKind.TIER, _DRAM, run.source, depth)
         return kept
 
     def _evict(self, tier: Tier, wanted: int) -> int:
@@ -700,9 +693,7 @@ class PrefixCache:
             run.version = next(self._versions)
             kept = True
         if depth in self._registered_depths:
-            tokens = np.frombuffer(source[: depth * self._width], dtype=_TOKEN)
-            length = depth * self.block_size
-            self._emit(run.namespace, EventKind.EVICT, Tier.ABSENT, tokens, (length,))
+            self._emit_at(run.namespace, EventKind.EVICT, Tier.ABSENT, source, depth)
         return kept
 
     def _ahead_of_queue(self, run: _Run) -> bool:
@@ -813,6 +804,14 @@ class PrefixCache:
         if lengths:
             tokens = np.frombuffer(prompt[: lengths[-1] * _TOKEN.itemsize], dtype=_TOKEN)
             self._emit(namespace, kind, tier, tokens, lengths)
+
+    def _emit_at(
+        self, namespace: Namespace, kind: EventKind, tier: Tier, source: bytes, depth: int
+    ) -> None:
+        """One change at one registration length: the prefix of ``source`` (a prompt that
+        holds the path) that ends with block ``depth``."""
+        tokens = np.frombuffer(source[: depth * self._width], dtype=_TOKEN)
+        self._emit(namespace, kind, tier, tokens, (depth * self.block_size,))
 
     def _emit(
         self,
