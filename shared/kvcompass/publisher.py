@@ -16,10 +16,12 @@ tells every shard at start, not at the worker's first change there.
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections import defaultdict
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from kvcompass.hashing import mix64
 from kvcompass.index.layout import Tier
@@ -27,7 +29,7 @@ from kvcompass.keys import SHARD_SALT, Namespace, PrefixHasher, TokenIds, shard_
 from kvcompass.levels import LevelPlan
 from kvcompass.pipeline.clock import Clock, SystemClock
 from kvcompass.topology import Worker
-from kvcompass.wire import EventKind, KVEvent, KVEventBatch, encode
+from kvcompass.wire import EventKind, KVEvent, KVEventBatch, WireError, encode
 
 __all__ = ["EventPublisher", "Send"]
 
@@ -37,13 +39,20 @@ Send = Callable[[int, bytes], None]
 #: Hashers kept for (namespace, lengths) pairs before the publisher forgets them all.
 _MAX_HASHERS = 4096
 
-#: The column values of every valid (kind, tier): checked once here, not per change.
-_COLUMNS: dict[tuple[EventKind, Tier], tuple[int, int]] = {
-    (kind, tier): (int(kind), int(tier))
-    for kind in EventKind
-    for tier in Tier
-    if (tier is Tier.ABSENT) == (kind is EventKind.EVICT)
-}
+
+def _valid_columns() -> dict[tuple[EventKind, Tier], tuple[int, int]]:
+    """The column values of every (kind, tier) a KVEvent accepts: its check runs once
+    per pair here, not once per change."""
+    valid = {}
+    for kind in EventKind:
+        for tier in Tier:
+            with contextlib.suppress(WireError):
+                KVEvent(kind, tier)
+                valid[kind, tier] = (int(kind), int(tier))
+    return valid
+
+
+_COLUMNS: Final = _valid_columns()
 
 
 @dataclass(slots=True)
@@ -144,15 +153,10 @@ class EventPublisher:
                 )
             hasher = self._hasher_for(namespace or self.namespace, lengths)
         keys = hasher.key_list(tokens)  # at the first len(keys) of hasher.lengths
-        kind_value, tier_value = columns
+        groups: Iterable[tuple[int, tuple[Sequence[int], Sequence[int]]]]
         if len(keys) == 1:  # a demotion or an eviction: one length, one shard
             shard = mix64(keys[0] ^ SHARD_SALT) % self.n_shards  # keys are 63-bit
-            pending = self._pending[shard]
-            pending.kinds.append(kind_value)
-            pending.tiers.append(tier_value)
-            pending.counts.append(1)
-            pending.lengths.append(hasher.lengths[0])
-            pending.keys.append(keys[0])
+            groups = ((shard, (hasher.lengths[:1], keys)),)
         else:
             by_shard: dict[int, tuple[list[int], list[int]]] = {}
             for length, key, shard in zip(
@@ -163,13 +167,15 @@ class EventPublisher:
                     by_shard[shard] = group = ([], [])
                 group[0].append(length)
                 group[1].append(key)
-            for shard, (lengths_of_shard, keys_of_shard) in by_shard.items():
-                pending = self._pending[shard]
-                pending.kinds.append(kind_value)
-                pending.tiers.append(tier_value)
-                pending.counts.append(len(keys_of_shard))
-                pending.lengths += lengths_of_shard
-                pending.keys += keys_of_shard
+            groups = by_shard.items()
+        kind_value, tier_value = columns
+        for shard, (lengths_of_shard, keys_of_shard) in groups:
+            pending = self._pending[shard]
+            pending.kinds.append(kind_value)
+            pending.tiers.append(tier_value)
+            pending.counts.append(len(keys_of_shard))
+            pending.lengths += lengths_of_shard
+            pending.keys += keys_of_shard
         self._pending_keys += len(keys)
         if self._pending_keys >= self.max_buffered_keys:
             return self.flush()
