@@ -150,16 +150,21 @@ def run(
     return out
 
 
-def long_run(count: int, seed: int) -> dict[str, Any]:
-    """``count`` Mixed requests at 1.5 λ0, KVCompass, no resync: the headline from an
-    unwrapped run, the per-component times from a timed one."""
-    rate = 1.5 * no_reuse_capacity(TOPOLOGY.name)
-    requests = workload("mixed", rate, count, seed)
-    out = run("kvcompass", requests, seed, timed=False, resync=False)
-    timed = run("kvcompass", requests, seed, timed=True, resync=False)
+def kvcompass_run(requests: list[LiveRequest], seed: int, resync: bool = True) -> dict[str, Any]:
+    """KVCompass's headline from a run without the timers (a few hundred ns per wrapped
+    call), its per-component times from a second, timed run."""
+    out = run("kvcompass", requests, seed, timed=False, resync=resync)
+    timed = run("kvcompass", requests, seed, timed=True, resync=resync)
     out["us_per_request"] = timed["us_per_request"]
     out["us_per_call"] = timed["us_per_call"]
-    return {"rate": round(rate, 1), "kvcompass": out}
+    return out
+
+
+def long_run(count: int, seed: int) -> dict[str, Any]:
+    """``count`` Mixed requests at 1.5 λ0, KVCompass, no resync."""
+    rate = 1.5 * no_reuse_capacity(TOPOLOGY.name)
+    requests = workload("mixed", rate, count, seed)
+    return {"rate": round(rate, 1), "kvcompass": kvcompass_run(requests, seed, resync=False)}
 
 
 def main() -> None:
@@ -186,12 +191,7 @@ def main() -> None:
         t0 = time.perf_counter()
         requests = workload(kind, args.rate, count, args.seed)
         generated = time.perf_counter() - t0
-        # The headline from a run without the timers (a few hundred ns per wrapped
-        # call); the per-component times from a second, timed run.
-        kvc = run("kvcompass", requests, args.seed, timed=False)
-        timed = run("kvcompass", requests, args.seed, timed=True)
-        kvc["us_per_request"] = timed["us_per_request"]
-        kvc["us_per_call"] = timed["us_per_call"]
+        kvc = kvcompass_run(requests, args.seed)
         baseline = run("round-robin", requests, args.seed, timed=False)
         floor = run("round-robin", requests, args.seed, timed=False, floor=True)
         report[kind] = {
