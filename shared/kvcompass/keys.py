@@ -198,7 +198,19 @@ class PrefixHasher:
 
     def key_list(self, tokens: TokenIds) -> list[int]:
         """The values of :meth:`keys`: the keys at the first ``len(result)`` lengths."""
-        data = _token_bytes(tokens, self._longest)
+        return self._keys_at(tokens, self._longest, self._ends)
+
+    def key_list_at(self, tokens: TokenIds, lengths: Sequence[int]) -> list[int]:
+        """The keys at ``lengths``, an ascending selection of this hasher's lengths that
+        the caller has checked, up to the prompt's length. The tokens before the first
+        are hashed in one pass: a change at a prompt's last few lengths costs a digest
+        per length it has, and no hasher per selection."""
+        if not lengths:
+            return []
+        return self._keys_at(tokens, lengths[-1], [c * _TOKEN_BYTES for c in lengths])
+
+    def _keys_at(self, tokens: TokenIds, longest: int, ends: Iterable[int]) -> list[int]:
+        data = _token_bytes(tokens, longest)
         if type(data) is not memoryview:
             data = memoryview(data)
         n_bytes = len(data)
@@ -207,7 +219,7 @@ class PrefixHasher:
         digests: list[Any] = []
         append = digests.append
         done = 0
-        for end in self._ends:
+        for end in ends:
             if end > n_bytes:
                 break
             update(data[done:end])

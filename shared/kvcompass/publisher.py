@@ -36,7 +36,7 @@ __all__ = ["EventPublisher", "Send"]
 #: Delivers one encoded batch to a shard's partition of ``kvc.events``.
 Send = Callable[[int, bytes], None]
 
-#: Hashers kept for (namespace, lengths) pairs before the publisher forgets them all.
+#: Namespaces whose hashers are kept before the publisher forgets them all.
 _MAX_HASHERS = 4096
 
 
@@ -101,7 +101,7 @@ class EventPublisher:
         self._registered = frozenset(self._lengths)
         self._key_hash = plan.key_hash
         self._hasher = PrefixHasher(self._lengths, namespace, plan.key_hash)
-        self._hashers: dict[tuple[Namespace, tuple[int, ...]], PrefixHasher] = {}
+        self._hashers: dict[Namespace, PrefixHasher] = {}
         self._send = send
         self._pending: dict[int, _Pending] = defaultdict(_Pending)
         self._pending_keys = 0
@@ -141,26 +141,25 @@ class EventPublisher:
         if columns is None or type(tier) is not Tier:
             event = KVEvent(kind, tier)  # refuses a bad kind or tier now, not at the flush
             columns = int(event.kind), int(event.tier)
-        if lengths is None and namespace is None:
-            hasher = self._hasher
+        if lengths is None:
+            lengths = self._lengths
         else:
-            if lengths is None:
-                lengths = self._lengths
-            elif not self._registered.issuperset(lengths):
+            if not self._registered.issuperset(lengths):
                 unknown = sorted(set(lengths) - self._registered)
                 raise ValueError(
                     f"lengths {unknown} are not registration lengths of {self.worker.id}"
                 )
-            hasher = self._hasher_for(namespace or self.namespace, lengths)
-        keys = hasher.key_list(tokens)  # at the first len(keys) of hasher.lengths
+            lengths = sorted(set(lengths))
+        hasher = self._hasher if namespace is None else self._hasher_of(namespace)
+        keys = hasher.key_list_at(tokens, lengths)  # at the first len(keys) of lengths
         groups: Iterable[tuple[int, tuple[Sequence[int], Sequence[int]]]]
         if len(keys) == 1:  # a demotion or an eviction: one length, one shard
             shard = mix64(keys[0] ^ SHARD_SALT) % self.n_shards  # keys are 63-bit
-            groups = ((shard, (hasher.lengths[:1], keys)),)
+            groups = ((shard, (lengths[:1], keys)),)
         else:
             by_shard: dict[int, tuple[list[int], list[int]]] = {}
             for length, key, shard in zip(
-                hasher.lengths, keys, shard_list(keys, self.n_shards), strict=False
+                lengths, keys, shard_list(keys, self.n_shards), strict=False
             ):
                 group = by_shard.get(shard)
                 if group is None:
@@ -181,16 +180,14 @@ class EventPublisher:
             return self.flush()
         return []
 
-    def _hasher_for(self, namespace: Namespace, lengths: Collection[int]) -> PrefixHasher:
-        """A hasher per (namespace, lengths) met: a cache changes the same few runs of
-        lengths over and over, so each is checked once, not once per change."""
-        lengths = tuple(sorted(lengths))
-        hasher = self._hashers.get((namespace, lengths))
+    def _hasher_of(self, namespace: Namespace) -> PrefixHasher:
+        """The registration lengths' hasher in ``namespace``, kept per namespace met."""
+        hasher = self._hashers.get(namespace)
         if hasher is None:
             if len(self._hashers) >= _MAX_HASHERS:
                 self._hashers.clear()  # many tenants: start over rather than grow
-            hasher = PrefixHasher(lengths, namespace, self._key_hash)
-            self._hashers[(namespace, lengths)] = hasher
+            hasher = PrefixHasher(self._lengths, namespace, self._key_hash)
+            self._hashers[namespace] = hasher
         return hasher
 
     def discard(self) -> int:

@@ -110,6 +110,18 @@ def test_every_length_equals_one_shot_hash_of_that_prefix(key_hash: KeyHash) -> 
 
 
 @HASHES
+def test_keys_at_a_selection_of_lengths_are_those_prefixes_keys(key_hash: KeyHash) -> None:
+    tokens = np.arange(2000, 2300, dtype=np.uint32)
+    hasher = PrefixHasher([16, 32, 64, 128, 256, 512], NS, key_hash)
+    for selection in ([128, 256], [32], [16, 64, 512], []):
+        got = hasher.key_list_at(tokens, selection)
+        within = [c for c in selection if c <= len(tokens)]  # 512 is past the prompt
+        assert got == [
+            one_shot_key(tokens[:c].tolist(), NS.model, key_hash=key_hash) for c in within
+        ]
+
+
+@HASHES
 def test_namespaces_never_share_keys(key_hash: KeyHash) -> None:
     tokens = [1, 2, 3, 4]
     variants = [

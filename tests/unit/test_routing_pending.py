@@ -164,6 +164,18 @@ def test_memory_is_bounded_and_forgets_the_oldest_first() -> None:
     assert list(tiers) == [int(Tier.VRAM)] * 2
 
 
+def test_a_send_cut_by_the_bound_counts_only_its_kept_keys() -> None:
+    pending = PendingPrefixes(slack_s=1.0, capacity=4)
+    pending.record(0, [(16, 101), (32, 102)], now=0.0, wait_s=0.0)
+    pending.record(1, [(16, 201), (32, 202), (48, 203)], now=0.0, wait_s=5.0)  # 101 goes
+    pending.record(2, [(16, 301)], now=2.0, wait_s=5.0)  # the first send lapsed: 102 goes
+    assert len(pending) == 4
+    pending.record(3, [(16, 401)], now=2.0, wait_s=5.0)  # over the bound: 201, the oldest
+    assert len(pending) == 4
+    pairs = [(16, 201), (32, 202)]
+    assert list(pending.credit(pairs, [0, 0], [0, 0], now=2.0)[0]) == [0, 32]
+
+
 def test_a_lapsed_entry_is_neither_credited_nor_kept() -> None:
     pending = PendingPrefixes(slack_s=0.5)
     pending.record(0, [(16, 7)], now=0.0, wait_s=1.0)

@@ -274,6 +274,7 @@ class DiscoveryView:
         self._tables = [
             self.views[(s, t)] for s in range(n_shards) for t in range(self._probes.n_tables)
         ]
+        self._bindings = LudoView.bindings
         self._rows = [view.descriptor for view in self._tables]
         self._desc = np.array(self._rows)
         self._lengths = np.zeros(layout.n_workers, np.int64)
@@ -297,12 +298,15 @@ class DiscoveryView:
 
     def match(self, query: MultiLevelQuery) -> Match:
         """Longest matched length and tier of every worker, over all levels and regions."""
-        rows = [view.descriptor for view in self._tables]
-        if not all(map(operator.is_, rows, self._rows)):
-            # A view rebound (a reload, an Othello reset; the simulator applies patches
-            # to the views themselves): the kernel must not read its old buffer or seeds.
-            self._rows = rows
-            self._desc = np.array(rows)
+        if LudoView.bindings != self._bindings:
+            # Some view of the process rebound (a reload, an Othello reset); if one of
+            # ours did (the simulator applies patches to the views themselves), the
+            # kernel must not read its old buffer or seeds.
+            self._bindings = LudoView.bindings
+            rows = [view.descriptor for view in self._tables]
+            if not all(map(operator.is_, rows, self._rows)):
+                self._rows = rows
+                self._desc = np.array(rows)
         probe.match_probes(
             self._desc,
             self._probes.n_tables,

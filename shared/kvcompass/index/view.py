@@ -41,6 +41,10 @@ _UMASK32 = np.uint64(MASK32)
 class LudoView:
     """A replica of one table's view state; mutate it only through :meth:`apply`."""
 
+    #: Bindings made by every view of this process so far: a holder of descriptors that
+    #: saw the same count knows none of them was rebound, without looking at each.
+    bindings = 0
+
     def __init__(self, image: bytes | bytearray | memoryview) -> None:
         """Load a sealed view image (a snapshot or a reload patch), verifying it."""
         header = open_image(image, ImageKind.VIEW)
@@ -98,6 +102,7 @@ class LudoView:
         # This binding's row for the compiled match (kvcompass.index.probe); a new array
         # per binding, so a holder of the row tells a new buffer or new seeds by identity.
         self.descriptor = np.zeros(probe.N_COLUMNS, np.uint64)
+        LudoView.bindings += 1
         probe.describe(self.descriptor, np.frombuffer(buf, np.uint8, 1).ctypes.data, g, layout)
         self._scalar = (
             g.bucket_seed,

@@ -46,7 +46,9 @@ class PendingPrefixes:
         self.slack_s = slack_s
         self.capacity = capacity
         self._sent: dict[int, tuple[int, float]] = {}
-        self._order: deque[tuple[float, int]] = deque()  # (until, key), as recorded
+        # (until, keys) per send, as recorded, and how many keys they hold in all.
+        self._order: deque[tuple[float, list[int]]] = deque()
+        self._recorded = 0
 
     def __len__(self) -> int:
         return len(self._sent)
@@ -59,10 +61,10 @@ class PendingPrefixes:
         if not math.isfinite(wait_s):
             return
         until = now + wait_s + self.slack_s
-        sent, order = self._sent, self._order
-        for _, key in pairs:
-            sent[key] = (worker, until)
-            order.append((until, key))
+        keys = [key for _, key in pairs]
+        self._sent.update(dict.fromkeys(keys, (worker, until)))
+        self._order.append((until, keys))
+        self._recorded += len(keys)
         self._prune(now)
 
     def credit(
@@ -93,9 +95,23 @@ class PendingPrefixes:
         return lengths, tiers
 
     def _prune(self, now: float) -> None:
+        """Forget the lapsed sends at the front, then the oldest keys beyond capacity (a
+        send's first keys first: a longer prefix outlives its shorter ones)."""
         sent, order = self._sent, self._order
-        while order and (order[0][0] < now or len(order) > self.capacity):
-            until, key = order.popleft()
-            entry = sent.get(key)
-            if entry is not None and entry[1] == until:
-                del sent[key]
+        while order:
+            until, keys = order[0]
+            if until < now:
+                drop = len(keys)
+            elif self._recorded > self.capacity:
+                drop = min(len(keys), self._recorded - self.capacity)
+            else:
+                return
+            for key in keys[:drop]:
+                entry = sent.get(key)
+                if entry is not None and entry[1] == until:  # not since sent again
+                    del sent[key]
+            self._recorded -= drop
+            if drop == len(keys):
+                order.popleft()
+            else:
+                del keys[:drop]
