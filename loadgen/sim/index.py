@@ -11,7 +11,8 @@ follower's verdict decides: a gap or new epoch asks the writer for a fresh snaps
 (flush, then snapshot, so the edge resumes at the next batch), which arrives after the
 same delay; every ``snapshot_every_s`` the MUs snapshot every shard and each edge compares
 (anti-entropy, catching a lost last batch). Without it an edge applies every batch that
-arrives, in arrival order, and nothing repairs a loss.
+arrives, in arrival order, and nothing repairs a loss. Snapshots carry the view halves
+alone: an edge reads nothing else (a maintenance unit restores from the key halves too).
 
 Without loss every edge region would hold the same replica at every moment, so the
 plane keeps one (``replicas``) and maps every region to it (``edges``): the same code
@@ -192,7 +193,7 @@ class IndexPlane:
             self.edges = dict.fromkeys(regions, shared)
         for writer in self.writers:
             writer.take_over(None, stream_epoch=None, stream_end=0, committed=False, events_low=0)
-            snapshot = writer.snapshot()
+            snapshot = writer.snapshot(keys=False)
             for edge in self.replicas:
                 edge.load(snapshot)
         self.batches = self.lost = 0
@@ -243,7 +244,7 @@ class IndexPlane:
     def _fresh_snapshot(self, shard: int) -> ShardSnapshot:
         self._flush(shard)  # patches since the last flush go out first
         self._dirty.discard(shard)
-        return self.writers[shard].snapshot()
+        return self.writers[shard].snapshot(keys=False)  # edges read the views alone
 
     def request_snapshot(self, edge: EdgeIndex, shard: int) -> None:
         self._events.push(

@@ -579,6 +579,17 @@ def test_delivered_positions_go_into_the_snapshot() -> None:
     assert meta.created_ns == T0
 
 
+def test_an_edge_snapshot_is_the_full_one_without_its_key_halves() -> None:
+    snap, _ = _restorable()
+    writer, _ = _take_over(snap, shard=1, stream_end=50)
+    full, views_only = writer.snapshot(), writer.snapshot(keys=False)
+    assert views_only.keys == {}
+    assert views_only.views == full.views
+    assert views_only.meta == full.meta
+    views_only.verify(shard=1, n_shards=writer.n_shards, topology_digest=writer.topology_digest)
+    assert len(full.keys) == len(full.views) > 0
+
+
 # -- takeover ----------------------------------------------------------------------------
 
 

@@ -198,14 +198,12 @@ def seal(
     """Bytes of ``buffer[:end]`` with a fresh header (sizes and payload checksum)."""
     payload = memoryview(buffer)[HEADER_SIZE:end]
     header = ImageHeader(kind, geometry, count, len(payload), zlib.crc32(payload))
-    out = bytearray(buffer[:end])
-    out[:HEADER_SIZE] = header.pack()
-    return bytes(out)
+    return b"".join((header.pack(), payload))  # one copy of the payload (snapshots: MBs)
 
 
 def seal_keys(view: ImageHeader, keys: NDArray[np.int64]) -> bytes:
     """The key image of the view with header ``view``: one int64 key per cell (-1: empty)."""
-    payload = keys.tobytes()
+    payload = np.ascontiguousarray(keys).data.cast("B")
     header = ImageHeader(
         ImageKind.KEYS,
         view.geometry,
@@ -214,7 +212,7 @@ def seal_keys(view: ImageHeader, keys: NDArray[np.int64]) -> bytes:
         zlib.crc32(payload),
         view.payload_crc,
     )
-    return header.pack() + payload
+    return b"".join((header.pack(), payload))
 
 
 def open_image(data: bytes | bytearray | memoryview, expect_kind: int) -> ImageHeader:

@@ -399,14 +399,19 @@ class ShardWriter:
         if seq < self.next_seq:
             self.patches_offset = max(self.patches_offset, offset + 1)
 
-    def snapshot(self) -> ShardSnapshot:
+    def snapshot(self, *, keys: bool = True) -> ShardSnapshot:
         """The shard's state now, to persist (take it right after a flush: an edge that
-        loads it resumes at ``next_seq``). Never after an InvariantBroken."""
+        loads it resumes at ``next_seq``). Never after an InvariantBroken. ``keys``
+        False: the view halves only, all an edge reads (a maintenance unit restores
+        from both)."""
         self.write_staged()
-        return self._snapshot(self.next_seq)
+        return self._snapshot(self.next_seq, keys=keys)
 
-    def _snapshot(self, next_seq: int) -> ShardSnapshot:
-        views, keys = self.tables.snapshot_parts()
+    def _snapshot(self, next_seq: int, *, keys: bool = True) -> ShardSnapshot:
+        if keys:
+            views, key_images = self.tables.snapshot_parts()
+        else:
+            views, key_images = self.tables.view_images(), {}
         meta = SnapshotMeta(
             shard=self.shard,
             epoch=self.epoch,
@@ -420,7 +425,7 @@ class ShardWriter:
             n_shards=self.n_shards,
             topology_digest=self.topology_digest,
         )
-        return ShardSnapshot(meta, views, keys)
+        return ShardSnapshot(meta, views, key_images)
 
 
 def _filled(n: int, value: int) -> NDArray[np.uint64]:
