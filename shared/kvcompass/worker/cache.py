@@ -23,6 +23,7 @@ that extends a held prefix within one registration interval reports nothing.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from collections.abc import Callable, Iterator, Sequence
@@ -183,7 +184,9 @@ class PrefixCache:
         self._lfu = self.policy is EvictionPolicy.LFU
         self._fifo = self.policy is EvictionPolicy.FIFO
         self._registered_depths = frozenset(c // block_size for c in registration_lengths)
+        # Ascending, with their lengths in tokens: a change's lengths are a slice of them.
         self._registered = sorted(self._registered_depths)
+        self._registered_lengths = tuple(d * block_size for d in self._registered)
         self._width = block_size * _TOKEN.itemsize
         self._on_change = on_change
         self._roots: dict[Namespace, _Run] = {}
@@ -800,7 +803,10 @@ class PrefixCache:
         """One change for the blocks of ``prompt`` at depths ``span`` (first, last; one
         prompt's promoted or admitted blocks), at the registration lengths among them."""
         first, last = span
-        lengths = tuple(d * self.block_size for d in self._registered if first <= d <= last)
+        registered = self._registered
+        lengths = self._registered_lengths[
+            bisect.bisect_left(registered, first) : bisect.bisect_right(registered, last)
+        ]
         if lengths:
             tokens = np.frombuffer(prompt[: lengths[-1] * _TOKEN.itemsize], dtype=_TOKEN)
             self._emit(namespace, kind, tier, tokens, lengths)
