@@ -561,6 +561,16 @@ def test_a_grown_table_waits_for_its_snapshot_and_nothing_is_lost() -> None:
     keys, values = writer.tables.tables[0].items()
     for k, v in zip(keys.tolist(), values.tolist(), strict=True):
         assert views[0].lookup(k) == v
+    # Once sent, the growth is old news: the table's next writes travel as a patch.
+    fleet.publishers["us-0"].admit(_prompt(rng), Tier.VRAM)
+    for batch in fleet.take(0):
+        writer.apply(batch, offset)
+        offset += 1
+    after = writer.flush(store.persist)
+    assert after is not None
+    assert len(store.saved) == 1
+    assert [t.table_id for t in after.tables] == [0]
+    assert not isinstance(after.tables[0].patch, TableReload)
 
 
 def test_delivered_positions_go_into_the_snapshot() -> None:

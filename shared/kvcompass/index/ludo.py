@@ -425,6 +425,11 @@ class LudoTable:
     # -- patches -------------------------------------------------------------------
 
     @property
+    def corrupt(self) -> bool:
+        """A write broke the table: nothing derived from it may leave the process."""
+        return self._corrupt is not None
+
+    @property
     def changed(self) -> bool:
         """Whether :meth:`take_patch` has anything to return, or would refuse (corrupt):
         a cheap test per flush."""

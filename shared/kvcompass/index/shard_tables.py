@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 
 import numpy as np
 from numpy.typing import NDArray
@@ -62,6 +63,9 @@ class ShardTables:
         if set(tables) != want:
             raise BadInput(f"shard {shard} needs tables {sorted(want)}, got {sorted(tables)}")
         self._tables = dict(tables)
+        # Tables written since the last take_patches (all at first: tables handed in may
+        # hold writes). Only they can have a patch or have grown.
+        self._written: set[int] = set(self._tables)
 
     # -- reads -------------------------------------------------------------------------
 
@@ -82,6 +86,11 @@ class ShardTables:
     @property
     def generations(self) -> dict[int, int]:
         return {t: table.geometry.generation for t, table in self._tables.items()}
+
+    @property
+    def written(self) -> AbstractSet[int]:
+        """Ids of the tables written since the last :meth:`take_patches`."""
+        return self._written
 
     # -- writes ------------------------------------------------------------------------
 
@@ -132,6 +141,7 @@ class ShardTables:
         table = self._tables.get(table_id)
         if table is None:
             raise BadInput(f"no table {table_id} in this layout")
+        self._written.add(table_id)
         if checked:
             table.write_bits_many(keys, clear, bits, checked=True)
             return
@@ -156,10 +166,15 @@ class ShardTables:
     # -- output ------------------------------------------------------------------------
 
     def take_patches(self) -> dict[int, TablePatch]:
-        """Patches of every table written since the last call (table id -> patch)."""
+        """Patches of every table written since the last call (table id -> patch).
+
+        Raises IndexCorrupt if any table is corrupt, written since or not.
+        """
         out = {}
+        written, self._written = self._written, set()
         for table_id, table in self._tables.items():
-            if not table.changed:  # most tables of a shard see no write between flushes
+            # Most tables of a shard see no write between flushes.
+            if not (table_id in written or table.corrupt) or not table.changed:
                 continue
             patch = table.take_patch()
             if not patch.is_empty:

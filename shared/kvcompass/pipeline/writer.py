@@ -359,25 +359,24 @@ class ShardWriter:
         """
         self.write_staged()
         seq = self.next_seq
-        generations = self.tables.generations
-        grown = []
-        if generations != self._generations:  # a table grew: rare
-            grown = [t for t, g in generations.items() if g != self._generations[t]]
+        tables, seen = self.tables.tables, self._generations
+        grown = [t for t in self.tables.written if tables[t].geometry.generation != seen[t]]
         reload_key = None
         if grown:
             if persist is None:
                 raise ValueError(f"tables {grown} grew: flush needs a way to persist them")
             reload_key = persist(self._snapshot(next_seq=seq + 1))
-        tables = []
+        patches = []
         for table_id, patch in sorted(self.tables.take_patches().items()):
             if patch.reload is None:
-                tables.append(TablePatchWire.of_table(table_id, patch))
+                patches.append(TablePatchWire.of_table(table_id, patch))
             elif reload_key is not None:
-                tables.append(TablePatchWire(table_id, TableReload(patch.generation, reload_key)))
+                patches.append(TablePatchWire(table_id, TableReload(patch.generation, reload_key)))
             else:  # refused: a view image does not travel inline
-                tables.append(TablePatchWire(table_id, patch))
-        self._generations = generations
-        if not tables and self.events_offset == self._flushed_offset:
+                patches.append(TablePatchWire(table_id, patch))
+        for t in grown:
+            seen[t] = tables[t].geometry.generation
+        if not patches and self.events_offset == self._flushed_offset:
             return None
         batch = PatchBatch(
             shard=self.shard,
@@ -386,7 +385,7 @@ class ShardWriter:
             events_from=self._flushed_offset + 1,
             events_to=self.events_offset,
             produced_at_ns=self._clock.wall_ns(),
-            tables=tuple(tables),
+            tables=tuple(patches),
             owner=self.owner,
         )
         self.next_seq = seq + 1
