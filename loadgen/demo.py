@@ -314,7 +314,7 @@ def _wait_index_empty(
 
     def empty() -> bool:
         for request in sample:
-            body = {"model": stack.topology.model.name, "prompt": request.tokens}
+            body = {"model": stack.topology.model.name, "prompt": list(request.tokens)}
             for url in stack.router_urls.values():
                 decision = stack.post_json(url + "/v1/route", body, key=key_of[request.tenant])
                 if any(c["matched_tokens"] and not c["pending"] for c in decision["candidates"]):

@@ -119,7 +119,7 @@ async def _send(
     url = config.routers[request.origin_region].rstrip("/") + "/v1/completions"
     body = {
         "model": config.model,
-        "prompt": request.tokens,
+        "prompt": list(request.tokens),
         "max_tokens": request.max_tokens,
         "stream": config.stream,
     }

@@ -5,6 +5,8 @@ for the whole catalog at once from the catalog's own seed stream."""
 
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 
 from kvcompass.loadgen.workloads.draws import POOL_TOKENS, lognormal_params, token_pool
@@ -39,7 +41,7 @@ class Catalog:
         self._spans = list(zip(starts.tolist(), (starts + lengths).tolist(), strict=True))
         self._pool = token_pool(vocab)
 
-    def item(self, i: int) -> list[int]:
-        """Item ``i``'s tokens (a new list)."""
+    def item(self, i: int) -> array[int]:
+        """Item ``i``'s tokens (a new array)."""
         start, end = self._spans[i]
         return self._pool[start:end]

@@ -25,6 +25,7 @@ the dataset papers as we recall them (approximate); everything else is our assum
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar
@@ -40,7 +41,7 @@ from kvcompass.loadgen.workloads.tenanted import Length, Session, TenantedConfig
 __all__ = ["MixedConfig", "MixedWorkload"]
 
 TOOL_SETS, DOCUMENTS, PROBLEMS, TEMPLATE = 10, 11, 12, 13  # catalog kinds
-_Content = Callable[[list[int]], tuple[int, int]]
+_Content = Callable[["array[int]"], tuple[int, int]]
 
 
 @dataclass(frozen=True)
@@ -166,14 +167,14 @@ class MixedWorkload(TenantedWorkload):
         self.answered(self._agents, session, prompt, out, at_s + d.exponential(c.tool_latency_s))
         return self.request(n, at_s, session, prompt, out)
 
-    def _document(self, prefix: list[int]) -> tuple[int, int]:
+    def _document(self, prefix: array[int]) -> tuple[int, int]:
         """Appends a document to ``prefix``; (question, answer) lengths."""
         c, d = self.mixed, self.draws
         prefix += self.documents.item(self._doc_zipf.pick(d.uniform()))
         question = d.lognormal(c.question_tokens_mean, 0.5, 4, 512)
         return question, d.lognormal(c.document_answer_tokens_mean, 1.0, 4, 1024)
 
-    def _problem(self, prefix: list[int]) -> tuple[int, int]:
+    def _problem(self, prefix: array[int]) -> tuple[int, int]:
         """Appends the template and a problem to ``prefix``; (instruction, solution)."""
         c, d = self.mixed, self.draws
         prefix += self.template

@@ -20,12 +20,14 @@ from __future__ import annotations
 import gzip
 import json
 import lzma
+from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from kvcompass.loadgen.workloads.arrivals import poisson_times, scaled_times
+from kvcompass.loadgen.workloads.draws import token_array
 from kvcompass.loadgen.workloads.keyed import block_tokens, keyed_uniform
 from kvcompass.loadgen.workloads.regions import RegionShares
 from kvcompass.loadgen.workloads.request import LiveRequest
@@ -146,15 +148,14 @@ class TraceWorkload:
         self.config = config
         self.sessions = trace_sessions(self.records, config.block_size)
 
-    def tokens(self, record: TraceRecord) -> list[int]:
+    def tokens(self, record: TraceRecord) -> array[int]:
         c = self.config
         length = record.input_length
         if c.max_prompt_tokens is not None:
             length = min(length, c.max_prompt_tokens)
         blocks = -(-length // c.block_size)
         ids = record.hash_ids[:blocks]
-        tokens: list[int] = block_tokens(c.seed, ids, c.block_size, c.vocab)[:length].tolist()
-        return tokens
+        return token_array(block_tokens(c.seed, ids, c.block_size, c.vocab)[:length])
 
     def requests(self) -> Iterator[LiveRequest]:
         c = self.config

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 __all__ = ["LiveRequest", "bounded"]
@@ -16,7 +16,9 @@ class LiveRequest:
     ``at_s``: seconds from the start of the run (already scaled by any speed factor);
     ``origin_region``: the region whose edge receives it; ``tenant``: the tenant name
     (the driver maps it to that tenant's API key; tenants never share KV);
-    ``tokens``: the prompt's token ids; ``max_tokens``: tokens to generate;
+    ``tokens``: the prompt's token ids (the workloads make ``array('I')``, which the
+    simulator reads without converting; any sequence of ints in [0, 2^32) will do);
+    ``max_tokens``: tokens to generate;
     ``session``: the conversation it belongs to; ``request_id``: unique and stable for a
     workload and seed, so records of two runs can be joined.
     """
@@ -24,7 +26,7 @@ class LiveRequest:
     at_s: float
     origin_region: str
     tenant: str
-    tokens: list[int]
+    tokens: Sequence[int]
     max_tokens: int
     session: str
     request_id: str

@@ -25,6 +25,7 @@ from numpy.typing import NDArray
 
 from kvcompass.loadgen.workloads.arrivals import poisson_times
 from kvcompass.loadgen.workloads.catalog import MAX_ITEMS
+from kvcompass.loadgen.workloads.draws import token_array
 from kvcompass.loadgen.workloads.params import Params, param
 from kvcompass.loadgen.workloads.regions import RegionShares
 from kvcompass.loadgen.workloads.request import LiveRequest
@@ -178,7 +179,7 @@ class SyntheticWorkload:
                 at_s=at_s,
                 origin_region=session.region,
                 tenant=f"tenant-{session.tenant}",
-                tokens=prompt.tolist(),
+                tokens=token_array(prompt),
                 max_tokens=answer,
                 session=f"s{session.number}",
                 request_id=f"s{n:06d}",

@@ -10,6 +10,7 @@ dataset's paper or assumed by us; each parameter says which.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 from kvcompass.loadgen.workloads.arrivals import poisson_times
 from kvcompass.loadgen.workloads.azure import read_azure
 from kvcompass.loadgen.workloads.catalog import MAX_ITEM_TOKENS, MAX_ITEMS, Catalog
-from kvcompass.loadgen.workloads.draws import Draws
+from kvcompass.loadgen.workloads.draws import TOKEN_TYPECODE, Draws
 from kvcompass.loadgen.workloads.params import Params, param
 from kvcompass.loadgen.workloads.regions import RegionShares
 from kvcompass.loadgen.workloads.request import LiveRequest
@@ -114,19 +115,19 @@ class Session:
     name: str
     tenant: int
     region: str
-    prompt: list[int]
+    prompt: array[int]
     turns_left: int
-    answer: list[int] = field(default_factory=list)
+    answer: array[int] = field(default_factory=lambda: array(TOKEN_TYPECODE))
 
     @property
     def length(self) -> int:
         """Tokens the next prompt has before its fresh ones."""
         return len(self.prompt) + len(self.answer)
 
-    def next_prompt(self, fresh: list[int]) -> list[int]:
+    def next_prompt(self, fresh: array[int]) -> array[int]:
         """The next turn's prompt: everything so far, then ``fresh``."""
         prompt = self.prompt + self.answer if self.answer else self.prompt
-        prompt += fresh  # a new session's prefix list is its own, so in place is safe
+        prompt += fresh  # a new session's prefix array is its own, so in place is safe
         return prompt
 
 
@@ -170,7 +171,7 @@ class TenantedWorkload:
         return max(1, trace_input - prefix) if trace_input else drawn
 
     def request(
-        self, n: int, at_s: float, session: Session, prompt: list[int], out: int
+        self, n: int, at_s: float, session: Session, prompt: array[int], out: int
     ) -> LiveRequest:
         cap = self.config.max_prompt_tokens
         return LiveRequest(
@@ -197,7 +198,7 @@ class TenantedWorkload:
         self,
         scheduler: TurnScheduler[Session],
         session: Session,
-        prompt: list[int],
+        prompt: array[int],
         answer: int,
         ready_s: float,
     ) -> None:

@@ -7,6 +7,7 @@ import itertools
 import json
 import math
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +46,7 @@ def _synthetic(config: SyntheticConfig = SMALL, n: int = 400) -> list[LiveReques
     return list(itertools.islice(SyntheticWorkload(config, SHARES).requests(), n))
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     return next((i for i in range(n) if a[i] != b[i]), n)
 

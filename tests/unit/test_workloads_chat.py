@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
+from collections.abc import Sequence
 from functools import cache
 
 import numpy as np
@@ -31,7 +32,7 @@ def _sessions(requests: tuple[LiveRequest, ...]) -> dict[str, list[LiveRequest]]
     return out
 
 
-def _common(a: list[int], b: list[int]) -> int:
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     return next((i for i in range(n) if a[i] != b[i]), n)
 
@@ -81,7 +82,7 @@ def test_turn_counts_and_answer_lengths_follow_the_dataset_means(
 
 def test_tenants_private_prompts_and_popular_openers_across_regions() -> None:
     requests = _chat("wildchat")
-    first: dict[str, list[int]] = {}
+    first: dict[str, Sequence[int]] = {}
     for r in requests:
         first.setdefault(r.tenant, r.tokens)
     assert len(first) == 50

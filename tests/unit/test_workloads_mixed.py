@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
@@ -30,7 +31,7 @@ def _kind(request: LiveRequest) -> str:
     return request.session.rstrip("0123456789")
 
 
-def _common(a: list[int], b: list[int]) -> int:
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     return next((i for i in range(n) if a[i] != b[i]), n)
 
@@ -66,7 +67,7 @@ def test_mixed_shares_are_the_papers_within_one_and_a_half_points() -> None:
 
 def test_tenants_never_share_a_system_prompt_and_each_keeps_its_own() -> None:
     requests = _default()
-    first: dict[str, list[int]] = {}
+    first: dict[str, Sequence[int]] = {}
     for r in requests:
         first.setdefault(r.tenant, r.tokens)
     assert len(first) == 50  # paper §5.3

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+from array import array
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -210,6 +211,8 @@ def test_every_workload_by_name_and_trace_by_path(tmp_path: Path) -> None:
         )
         assert len(first) == 5, name
         assert all(r.tokens for r in first), name
+        # uint32 arrays, which the simulator reads without converting them
+        assert all(isinstance(r.tokens, array) and r.tokens.typecode == "I" for r in first)
     with pytest.raises(ValueError, match="unknown workload"):
         make_workload("sharegpt", TOPOLOGY)
     with pytest.raises(ValueError, match="needs trace=PATH"):
