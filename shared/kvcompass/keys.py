@@ -209,6 +209,17 @@ class PrefixHasher:
             return []
         return self._keys_at(tokens, lengths[-1], [c * _TOKEN_BYTES for c in lengths])
 
+    def key_at(self, tokens: TokenIds, length: int) -> int | None:
+        """The key at ``length``, one of this hasher's lengths that the caller has
+        checked (None: the prompt is shorter). A worker's demotions and evictions are
+        one length each, several per request once its cache is full."""
+        data = _token_bytes(tokens, length)
+        if len(data) < length * _TOKEN_BYTES:
+            return None
+        h = self._new(self._prefix)
+        h.update(data)
+        return self._keys_of([getattr(h, self._digest)()])[0]
+
     def _keys_at(self, tokens: TokenIds, longest: int, ends: Iterable[int]) -> list[int]:
         data = _token_bytes(tokens, longest)
         if type(data) is not memoryview:

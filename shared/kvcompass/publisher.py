@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import random
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -141,22 +141,22 @@ class EventPublisher:
         if columns is None or type(tier) is not Tier:
             event = KVEvent(kind, tier)  # refuses a bad kind or tier now, not at the flush
             columns = int(event.kind), int(event.tier)
-        if lengths is None:
-            lengths = self._lengths
-        else:
-            if not self._registered.issuperset(lengths):
-                unknown = sorted(set(lengths) - self._registered)
-                raise ValueError(
-                    f"lengths {unknown} are not registration lengths of {self.worker.id}"
-                )
-            lengths = sorted(set(lengths))
         hasher = self._hasher if namespace is None else self._hasher_of(namespace)
-        keys = hasher.key_list_at(tokens, lengths)  # at the first len(keys) of lengths
-        groups: Iterable[tuple[int, tuple[Sequence[int], Sequence[int]]]]
-        if len(keys) == 1:  # a demotion or an eviction: one length, one shard
-            shard = mix64(keys[0] ^ SHARD_SALT) % self.n_shards  # keys are 63-bit
-            groups = ((shard, (lengths[:1], keys)),)
+        lengths = self._lengths if lengths is None else self._checked(lengths)
+        kind_value, tier_value = columns
+        if len(lengths) == 1:  # a demotion or an eviction: one length, one shard
+            length = lengths[0]
+            key = hasher.key_at(tokens, length)
+            if key is not None:
+                pending = self._pending[mix64(key ^ SHARD_SALT) % self.n_shards]  # 63-bit key
+                pending.kinds.append(kind_value)
+                pending.tiers.append(tier_value)
+                pending.counts.append(1)
+                pending.lengths.append(length)
+                pending.keys.append(key)
+                self._pending_keys += 1
         else:
+            keys = hasher.key_list_at(tokens, lengths)  # at the first len(keys) of lengths
             by_shard: dict[int, tuple[list[int], list[int]]] = {}
             for length, key, shard in zip(
                 lengths, keys, shard_list(keys, self.n_shards), strict=False
@@ -166,19 +166,24 @@ class EventPublisher:
                     by_shard[shard] = group = ([], [])
                 group[0].append(length)
                 group[1].append(key)
-            groups = by_shard.items()
-        kind_value, tier_value = columns
-        for shard, (lengths_of_shard, keys_of_shard) in groups:
-            pending = self._pending[shard]
-            pending.kinds.append(kind_value)
-            pending.tiers.append(tier_value)
-            pending.counts.append(len(keys_of_shard))
-            pending.lengths += lengths_of_shard
-            pending.keys += keys_of_shard
-        self._pending_keys += len(keys)
+            for shard, (lengths_of_shard, keys_of_shard) in by_shard.items():
+                pending = self._pending[shard]
+                pending.kinds.append(kind_value)
+                pending.tiers.append(tier_value)
+                pending.counts.append(len(keys_of_shard))
+                pending.lengths += lengths_of_shard
+                pending.keys += keys_of_shard
+            self._pending_keys += len(keys)
         if self._pending_keys >= self.max_buffered_keys:
             return self.flush()
         return []
+
+    def _checked(self, lengths: Collection[int]) -> Sequence[int]:
+        """``lengths`` ascending, each once; refused unless all are registration lengths."""
+        if not self._registered.issuperset(lengths):
+            unknown = sorted(set(lengths) - self._registered)
+            raise ValueError(f"lengths {unknown} are not registration lengths of {self.worker.id}")
+        return sorted(set(lengths)) if len(lengths) > 1 else list(lengths)
 
     def _hasher_of(self, namespace: Namespace) -> PrefixHasher:
         """The registration lengths' hasher in ``namespace``, kept per namespace met."""

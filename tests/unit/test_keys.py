@@ -122,6 +122,15 @@ def test_keys_at_a_selection_of_lengths_are_those_prefixes_keys(key_hash: KeyHas
 
 
 @HASHES
+def test_the_key_at_one_length_is_that_prefix_s_key(key_hash: KeyHash) -> None:
+    tokens = np.arange(500, 800, dtype=np.uint32)
+    hasher = PrefixHasher([16, 256, 512], NS, key_hash)
+    for length in (16, 256):
+        assert hasher.key_at(tokens, length) == prefix_key(tokens, length, NS, key_hash)
+    assert hasher.key_at(tokens, 512) is None  # past the prompt
+
+
+@HASHES
 def test_namespaces_never_share_keys(key_hash: KeyHash) -> None:
     tokens = [1, 2, 3, 4]
     variants = [
