@@ -10,12 +10,13 @@ second, millions) by wall clock, ``cpu_req_per_s`` by the process's CPU time (wh
 core gives when other processes share it), and ``setup_s`` (building the generator and
 its first request; the token pool is made once per process before timing).
 
-The baseline ``numpy_tolist``: the same Mixed prompt lengths converted from fresh numpy
-token arrays per request (``ndarray.tolist``), what a generator drawing its tokens per
-request would pay for the lists alone; the generators slice one pool of Python ints
-instead (``workloads/draws.py``). With ``load_average_*`` near or above the core count,
-wall times include waits for a core; ``python_loop_ns`` (one iteration of a plain
-Python loop, ~15-25 ns on an idle modern core) shows how slow the shared core was.
+Prompts are ``array('I')`` slices of one token pool (``workloads/draws.py``). Two
+baselines at the same Mixed prompt lengths: ``pool_slices``, the slices alone (what any
+generator pays for its tokens), and ``as_lists``, each slice made a ``list[int]`` (what
+the generators paid while prompts were lists, and what the live driver pays per request
+for its JSON body). With ``load_average_*`` near or above the core count, wall times
+include waits for a core; ``python_loop_ns`` (one iteration of a plain Python loop,
+~15-25 ns on an idle modern core) shows how slow the shared core was.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from kvcompass.loadgen.workloads import make_workload
+from kvcompass.loadgen.workloads.draws import token_pool
 from kvcompass.topology import load_builtin
 
 NAMES = ("mixed", "wildchat", "lmsys", "synthetic")
@@ -54,12 +56,15 @@ def _time(name: str, topology: Any, rate: float, n: int) -> dict[str, float]:
     }
 
 
-def _tolist(lengths: list[int]) -> dict[str, float]:
+def _slices(lengths: list[int], as_lists: bool) -> dict[str, float]:
+    pool = token_pool(128_000)
     rng = np.random.default_rng(0)
+    starts = rng.integers(0, len(pool) - max(lengths), len(lengths)).tolist()
     t0, c0 = time.perf_counter(), time.process_time()
     tokens = 0
-    for n in lengths:
-        tokens += len(rng.integers(0, 128_000, n, dtype=np.uint32).tolist())
+    for at, n in zip(starts, lengths, strict=True):
+        prompt = pool[at : at + n]
+        tokens += len(prompt.tolist() if as_lists else prompt)
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     return {
         "req_per_s": len(lengths) / elapsed,
@@ -99,7 +104,8 @@ def main() -> None:
     best: dict[str, dict[str, float]] = {}
     for _ in range(args.rounds):
         rounds = {name: _time(name, topology, args.rate, args.requests) for name in NAMES}
-        rounds["numpy_tolist"] = _tolist(lengths)
+        rounds["pool_slices"] = _slices(lengths, as_lists=False)
+        rounds["as_lists"] = _slices(lengths, as_lists=True)
         gc.collect()
         for name, numbers in rounds.items():
             if name not in best or numbers["req_per_s"] > best[name]["req_per_s"]:
