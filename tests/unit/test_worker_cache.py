@@ -143,6 +143,16 @@ def test_namespaces_never_share_blocks_and_changes_name_theirs() -> None:
     assert [ch.namespace for ch in changes] == [NS, other]
 
 
+def test_a_use_right_after_a_match_of_its_tokens_elsewhere_walks_its_own() -> None:
+    other = Namespace("m", "tenant-b")
+    c, changes = cache(vram=8, dram=0)
+    c.use(NS, prompt(1, 2))
+    assert c.match(NS, prompt(1, 2)) == CacheMatch(8, 0)  # walked for NS
+    assert c.use(other, prompt(1, 2)) == CacheMatch(0, 0)  # not NS's walk
+    assert [ch.namespace for ch in changes] == [NS, other]
+    assert c.blocks(Tier.VRAM) == 4
+
+
 def test_load_puts_new_blocks_in_dram_and_leaves_held_ones() -> None:
     c, changes = cache(vram=4, dram=4, lengths=(4, 8))
     c.use(NS, prompt(1))

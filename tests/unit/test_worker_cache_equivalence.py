@@ -62,15 +62,18 @@ def _run(
     dram: int,
     ops: int,
     prompt: Callable[[random.Random], list[int]] = _prompt,
+    then_use: float = 0.0,
 ) -> tuple[list[Any], list[Any], int]:
     """The two caches' (results, changes) side by side, and how often the heaps were
-    rebuilt (the rare path through which lost frontier blocks come back)."""
+    rebuilt (the rare path through which lost frontier blocks come back). ``then_use``:
+    the share of matches followed at once by a use of the same prompt (an engine's way
+    on an idle worker), drawn from a stream of its own."""
     rng = random.Random(seed)
     lengths = sorted(rng.sample([0, 2, 4, 6, 8, 12, 16, 20], rng.randrange(1, 5)))
     runs: list[tuple[list[Any], list[Change]]] = []
     rebuilds = 0
     for cls in (reference.PrefixCache, PrefixCache):
-        rng = random.Random(seed)
+        rng, follow = random.Random(seed), random.Random(~seed)
         results: list[Any] = []
         changes: list[Change] = []
         cache: Any = cls(BLOCK, vram, dram, lengths, policy, _record(changes))
@@ -105,6 +108,9 @@ def _run(
                 m = cache.load(ns, tokens)
             elif op < 0.995:
                 m = cache.match(ns, tokens)
+                if follow.random() < then_use:
+                    results.append((m.tokens, m.dram_tokens))
+                    m = cache.use(ns, tokens)
             else:
                 m = cache.clear()
             results.append(
@@ -136,6 +142,34 @@ def test_long_prompts_too(policy: EvictionPolicy, vram: int, dram: int) -> None:
     for seed in range(2):
         old, new, _ = _run(seed, policy, vram, dram, ops=1000, prompt=_long_prompt)
         assert new == old, f"seed {seed}"
+
+
+@pytest.mark.parametrize("policy", list(EvictionPolicy))
+@pytest.mark.parametrize(("vram", "dram"), [(3, 5), (4, 0), (12, 30)])
+def test_a_use_right_after_its_match_equals_the_reference(
+    policy: EvictionPolicy, vram: int, dram: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The use takes the match's walk unless the cache changed since: never a stale one."""
+    calls = {"_walk": 0, "match": 0}
+    for name in calls:
+        method = getattr(PrefixCache, name)
+
+        def counted(cache: PrefixCache, *args: Any, name: str = name, method: Any = method) -> Any:
+            calls[name] += 1
+            return method(cache, *args)
+
+        monkeypatch.setattr(PrefixCache, name, counted)
+    for seed in range(4):
+        calls.update(_walk=0, match=0)
+        old, new, _ = _run(seed, policy, vram, dram, ops=1500, then_use=0.8)
+        assert new == old, f"seed {seed}"
+        # Not vacuous: without the match's walk every result but a clear's would walk
+        # once (a match followed by its use adds one result, the match's own); only a
+        # use right after a match can skip it.
+        results = new[0]
+        walking = len(results) - sum(len(r) == 3 and r[0] is None for r in results)
+        assert any(len(r) == 2 for r in results)
+        assert walking - calls["match"] <= calls["_walk"] < walking
 
 
 def test_the_comparison_sees_changes() -> None:

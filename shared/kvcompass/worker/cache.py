@@ -198,6 +198,8 @@ class PrefixCache:
         self._ticks = itertools.count(1)
         self._versions = itertools.count(1)
         self._op = 0
+        # The last match's walk (namespace, prompt bytes, path), until the cache changes.
+        self._walked: tuple[Namespace, bytes, list[tuple[_Run, int]]] | None = None
 
     @classmethod
     def for_worker(
@@ -223,7 +225,12 @@ class PrefixCache:
 
     def match(self, namespace: Namespace, tokens: TokenIds) -> CacheMatch:
         """The longest held prefix of ``tokens`` (read-only: no use is recorded)."""
-        return self._summary(self._walk(namespace, _as_bytes(tokens)))
+        data = _as_bytes(tokens)
+        path = self._walk(namespace, data)
+        # An engine matches a prompt as it arrives and, on an idle worker, uses it at
+        # once: until the cache changes, that use walks no further.
+        self._walked = (namespace, data, path)
+        return self._summary(path)
 
     def blocks(self, tier: Tier) -> int:
         return self.used[tier]
@@ -255,6 +262,7 @@ class PrefixCache:
 
     def clear(self) -> None:
         """Evict everything, reporting every held registration length (deepest first)."""
+        self._walked = None
         registered = self._registered_depths
         for root in list(self._roots.values()):
             for run, depth in reversed(list(_blocks(root))):
@@ -359,7 +367,11 @@ class PrefixCache:
     def _hold(self, namespace: Namespace, tokens: TokenIds, tier: Tier) -> CacheMatch:
         data = _as_bytes(tokens)
         width = self._width
-        path = self._walk(namespace, data)
+        walked, self._walked = self._walked, None  # holding changes the cache
+        if walked is not None and walked[1] == data and walked[0] == namespace:
+            path = walked[2]
+        else:
+            path = self._walk(namespace, data)
         before = self._summary(path)
         held = path[-1][1] if path else 0
         n_blocks = min(len(data) // width, self.capacity[tier])
