@@ -65,6 +65,14 @@ class _Pending:
     lengths: list[int] = field(default_factory=list)
     keys: list[int] = field(default_factory=list)
 
+    def add(self, kind: int, tier: int, lengths: Sequence[int], keys: Sequence[int]) -> None:
+        """One event: a change's keys of this shard at their lengths."""
+        self.kinds.append(kind)
+        self.tiers.append(tier)
+        self.counts.append(len(keys))
+        self.lengths += lengths
+        self.keys += keys
+
 
 class EventPublisher:
     """Builds and sends one worker's KV event batches.
@@ -145,15 +153,10 @@ class EventPublisher:
         lengths = self._lengths if lengths is None else self._checked(lengths)
         kind_value, tier_value = columns
         if len(lengths) == 1:  # a demotion or an eviction: one length, one shard
-            length = lengths[0]
-            key = hasher.key_at(tokens, length)
+            key = hasher.key_at(tokens, lengths[0])
             if key is not None:
-                pending = self._pending[mix64(key ^ SHARD_SALT) % self.n_shards]  # 63-bit key
-                pending.kinds.append(kind_value)
-                pending.tiers.append(tier_value)
-                pending.counts.append(1)
-                pending.lengths.append(length)
-                pending.keys.append(key)
+                shard = mix64(key ^ SHARD_SALT) % self.n_shards  # keys are 63-bit
+                self._pending[shard].add(kind_value, tier_value, lengths, (key,))
                 self._pending_keys += 1
         else:
             keys = hasher.key_list_at(tokens, lengths)  # at the first len(keys) of lengths
@@ -167,12 +170,7 @@ class EventPublisher:
                 group[0].append(length)
                 group[1].append(key)
             for shard, (lengths_of_shard, keys_of_shard) in by_shard.items():
-                pending = self._pending[shard]
-                pending.kinds.append(kind_value)
-                pending.tiers.append(tier_value)
-                pending.counts.append(len(keys_of_shard))
-                pending.lengths += lengths_of_shard
-                pending.keys += keys_of_shard
+                self._pending[shard].add(kind_value, tier_value, lengths_of_shard, keys_of_shard)
             self._pending_keys += len(keys)
         if self._pending_keys >= self.max_buffered_keys:
             return self.flush()
