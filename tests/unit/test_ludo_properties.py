@@ -492,3 +492,24 @@ def test_read_only_batches_run_the_kernel_compiled_at_set_up() -> None:
     table.write_bits_many(keys, ones, ones)
     assert len(kernel.apply_writes.signatures) == before  # type: ignore[attr-defined]
     assert all(table.get(int(k)) == 1 for k in keys)
+
+
+def test_write_descriptor_refuses_what_the_kernel_must_not_write_through() -> None:
+    """The write kernel reaches a table's arrays by address: a described array must be
+    writeable, contiguous and of the type the kernel reads it as."""
+    from kvcompass.index.kernel import OthelloArrays, TableArrays, write_descriptor
+
+    table = LudoTable.with_capacity(64, rng=random.Random(4))
+    arrays: TableArrays = table._t
+    othello: OthelloArrays = table._othello.arrays
+    assert len(write_descriptor(arrays, othello)) == 2 * (len(arrays) - 2 + len(othello))
+    frozen = arrays.alt.copy()
+    frozen.setflags(write=False)
+    strided = np.zeros(2 * len(arrays.kid), dtype=np.int32)[::2]
+    for bad in (
+        arrays._replace(alt=frozen),
+        arrays._replace(kid=strided),
+        arrays._replace(alt=arrays.alt.astype(np.int64)),
+    ):
+        with pytest.raises(ValueError, match="array"):
+            write_descriptor(bad, othello)

@@ -372,9 +372,9 @@ def test_a_write_that_breaks_mid_move_poisons_the_shard(monkeypatch: pytest.Monk
     real = kernel.apply_writes
 
     def no_seed_halfway(*args: Any) -> tuple[int, int]:
-        t, o, geo, keys, clear, bits, start = args
+        desc, cells, fps, geo, keys, clear, bits, start = args
         half = len(keys) // 2
-        real(t, o, geo, keys[:half], clear[:half], bits[:half], start)
+        real(desc, cells, fps, geo, keys[:half], clear[:half], bits[:half], start)
         return kernel.NO_SEED, half
 
     monkeypatch.setattr(kernel, "apply_writes", no_seed_halfway)

@@ -6,20 +6,25 @@ same work on the tables' flat numpy arrays, compiled by numba, one event batch p
 The rare whole-table steps stay in Python: growing into a new generation and rebuilding
 the locator (both vectorised); the kernel stops and says which one it needs.
 
-State travels in two named tuples of arrays (numba passes them by reference, so every
+State lives in two named tuples of arrays (numba passes them by reference, so every
 write lands in the table's own storage) plus a ``uint64`` geometry vector; counters live
-in small ``int64`` arrays so the kernel can update them in place.
+in small ``int64`` arrays so the kernel can update them in place. ``apply_writes``, called
+once or twice per event batch, takes the tuples' fixed-type arrays as one descriptor of
+addresses (:func:`write_descriptor`): unboxing 25 arrays per call cost more than the
+writes of a small batch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple, TypeAlias, TypeVar, cast
+from typing import Any, Final, NamedTuple, TypeAlias, TypeVar, cast
 
 import numba
 import numpy as np
+from numba import carray  # type: ignore[attr-defined]
 from numpy.typing import NDArray
 
+from kvcompass.index.addresses import address, address_of
 from kvcompass.index.geometry import TableGeometry
 from kvcompass.keys import SHARD_SALT
 
@@ -41,6 +46,7 @@ __all__ = [
     "othello_remove_edge",
     "othello_smaller_side",
     "othello_toggle",
+    "write_descriptor",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -137,6 +143,48 @@ class _Scratch(NamedTuple):
     entry_ints: NDArray[np.int64]  # a re-seeded bucket's keys, key ids, alt buckets
     entry_words: NDArray[np.uint64]  # ... and their values, fingerprints, slot words
     slots: NDArray[np.int64]  # ... and their cells under the new seed
+
+
+#: The arrays a write descriptor describes, with their types: every field of a table but
+#: its cells and fingerprints (whose types vary, so they travel as arrays), then every
+#: field of its Othello forest.
+_DESCRIBED_TABLE: Final = (
+    ("keys", np.int64),
+    ("kid", np.int32),
+    ("alt", np.int32),
+    ("sig", np.uint64),
+    ("fill", np.uint8),
+    ("seeds", np.uint8),
+    ("bucket_dirty", np.uint8),
+    ("dirty_buckets", np.int64),
+    ("bucket_mark", np.int32),
+    ("state", np.int64),
+)
+_DESCRIBED_OTHELLO: Final = (
+    ("words", np.uint64),
+    ("head", np.int32),
+    ("nxt", np.int32),
+    ("node", np.int32),
+    ("free", np.int32),
+    ("word_dirty", np.uint8),
+    ("dirty_words", np.int64),
+    ("mark", np.int32),
+    ("state", np.int64),
+)
+
+
+def write_descriptor(table: TableArrays, othello: OthelloArrays) -> NDArray[np.uint64]:
+    """(address, length) of each array :func:`apply_writes` reaches by address, in the
+    order it reads them. The caller keeps ``table`` and ``othello`` alive and their
+    arrays in place while it uses the descriptor."""
+    rows: list[int] = []
+    for arrays, described in ((table, _DESCRIBED_TABLE), (othello, _DESCRIBED_OTHELLO)):
+        for name, dtype in described:
+            array = getattr(arrays, name)
+            if array.dtype != dtype or array.ndim != 1:
+                raise ValueError(f"{name}: expected a 1-d {np.dtype(dtype)} array")
+            rows += (address_of(array), array.size)
+    return np.array(rows, dtype=np.uint64)
 
 
 def geometry_vector(g: TableGeometry) -> NDArray[np.uint64]:
@@ -616,9 +664,15 @@ def _insert(
 
 
 @_compiled
+def _described(desc: NDArray[np.uint64], row: int, dtype: Any) -> NDArray[Any]:
+    return carray(address(desc[2 * row]), desc[2 * row + 1], dtype)
+
+
+@_compiled
 def apply_writes(
-    table: tuple[NDArray[Any], ...],
-    othello: tuple[NDArray[Any], ...],
+    desc: NDArray[np.uint64],
+    cells: NDArray[Any],
+    fps: NDArray[Any],
     geo: NDArray[np.uint64],
     keys: NDArray[np.uint64],
     clear: NDArray[np.uint64],
@@ -627,14 +681,36 @@ def apply_writes(
 ) -> tuple[Index, int]:
     """value := (value & ~clear[i]) | bits[i] for keys[start:], in order (0 removes).
 
-    ``table`` and ``othello`` are a :class:`TableArrays` and an :class:`OthelloArrays` as
-    plain tuples (``tuple(arrays)``): numba's dispatcher types a plain tuple of arrays in
-    C but a NamedTuple in Python, about 2 µs more per call (a call often writes 1-3 keys).
-    Returns (status, index): DONE, or the status that stopped it at write ``index``
-    (see the status constants). Inputs must already be validated: keys below 2^63,
-    bits within the value width.
+    ``desc`` is the :func:`write_descriptor` of a table and its forest, ``cells`` and
+    ``fps`` that table's own. Returns (status, index): DONE, or the status that stopped
+    it at write ``index`` (see the status constants). Inputs must already be validated:
+    keys below 2^63, bits within the value width.
     """
-    t, o = TableArrays(*table), OthelloArrays(*othello)
+    t = TableArrays(
+        _described(desc, 0, np.int64),
+        _described(desc, 1, np.int32),
+        _described(desc, 2, np.int32),
+        _described(desc, 3, np.uint64),
+        _described(desc, 4, np.uint8),
+        _described(desc, 5, np.uint8),
+        cells,
+        fps,
+        _described(desc, 6, np.uint8),
+        _described(desc, 7, np.int64),
+        _described(desc, 8, np.int32),
+        _described(desc, 9, np.int64),
+    )
+    o = OthelloArrays(
+        _described(desc, 10, np.uint64),
+        _described(desc, 11, np.int32),
+        _described(desc, 12, np.int32),
+        _described(desc, 13, np.int32),
+        _described(desc, 14, np.int32),
+        _described(desc, 15, np.uint8),
+        _described(desc, 16, np.int64),
+        _described(desc, 17, np.int32),
+        _described(desc, 18, np.int64),
+    )
     nb = geo[_NB]
     s = _Scratch(
         np.empty(64, dtype=np.int32),

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -120,10 +119,8 @@ class LudoTable:
             state=np.zeros(3, dtype=np.int64),
         )
         self._othello = OthelloGraph(g.n_nodes, g.n_words, g.capacity)
-        # The kernel's arguments as plain tuples (see kernel.apply_writes).
-        table: tuple[NDArray[Any], ...] = self._t
-        othello: tuple[NDArray[Any], ...] = self._othello.arrays
-        self._kernel_args = (tuple(table), tuple(othello))
+        # Valid while self._t and self._othello keep their arrays (until the next reset).
+        self._write_desc = kernel.write_descriptor(self._t, self._othello.arrays)
         # Per-bucket rows of the cells and fingerprints, made once for every patch.
         self._cell_rows = self._t.cells.reshape(-1, 4)
         self._fp_rows = fps.reshape(-1, 4) if g.fingerprint_bits else None
@@ -290,7 +287,9 @@ class LudoTable:
         i = 0
         n = len(keys)
         while i < n:
-            status, i = kernel.apply_writes(*self._kernel_args, self._geo, keys, clear, bits, i)
+            status, i = kernel.apply_writes(
+                self._write_desc, self._t.cells, self._t.fps, self._geo, keys, clear, bits, i
+            )
             if status == kernel.NEED_GROW:
                 self._grow()  # then retry the same write in the new generation
             elif status == kernel.NEED_REBUILD:

@@ -23,12 +23,11 @@ from typing import Any, Final, TypeVar, cast
 
 import numba
 import numpy as np
-from numba import carray, types  # type: ignore[attr-defined]
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import carray  # type: ignore[attr-defined]
 from numpy.typing import NDArray
 
 from kvcompass.hashing import GOLDEN64, MASK32
+from kvcompass.index.addresses import address
 from kvcompass.index.geometry import TableGeometry
 from kvcompass.index.image import ImageLayout
 from kvcompass.index.kernel import mix64_compiled as _mix64
@@ -67,20 +66,9 @@ def _compiled(fn: F) -> F:
     return cast(F, numba.njit(cache=True, nogil=True)(fn))
 
 
-def _address_typing(typingctx: Any, addr: Any) -> Any:
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.inttoptr(args[0], cgutils.voidptr_t)
-
-    return types.voidptr(types.uint64), codegen
-
-
-#: An integer address as a pointer numba can wrap in an array (compiled code only).
-_address: Any = intrinsic(_address_typing)
-
-
 @_compiled
-def _at(address: np.uint64, dtype: Any) -> np.uint64:
-    return np.uint64(carray(_address(address), 1, dtype)[0])
+def _at(at_address: np.uint64, dtype: Any) -> np.uint64:
+    return np.uint64(carray(address(at_address), 1, dtype)[0])
 
 
 @_compiled
