@@ -566,15 +566,26 @@ class PrefixCache:
         first_eviction = max(free, 0)
         evicted = max(0, steps - first_eviction)
         end = leaf.last if leaf is not None else 0
-        registered = self._registered_depths
-        for step in range(steps):
-            if leaf is not None and step >= first_eviction:
-                depth = end - (step - first_eviction)
-                if depth in registered:
-                    self._emit_at(leaf.namespace, EventKind.EVICT, Tier.ABSENT, leaf.source, depth)
-            depth = top - step
-            if depth in registered:
+        # Step s demotes depth top - s and, from step first_eviction on, first evicts
+        # depth end - (s - first_eviction). Only registered depths report, so they are
+        # picked out of the sorted registrations (a stream is ~60 blocks, a few of them
+        # registered) and reported in the steps' order.
+        registered, left, right = self._registered, bisect.bisect_left, bisect.bisect_right
+        demoted = registered[left(registered, top - steps + 1) : right(registered, top)]
+        if leaf is None or not evicted:
+            for depth in reversed(demoted):
                 self._emit_at(run.namespace, EventKind.TIER, _DRAM, run.source, depth)
+        else:
+            gone = registered[left(registered, end - evicted + 1) : right(registered, end)]
+            # (step, demotion after eviction, depth), sorted into the loop's order.
+            changes = [(top - depth, 1, depth) for depth in demoted]
+            changes += [(first_eviction + end - depth, 0, depth) for depth in gone]
+            changes.sort()
+            for _, demotion, depth in changes:
+                if demotion:
+                    self._emit_at(run.namespace, EventKind.TIER, _DRAM, run.source, depth)
+                else:
+                    self._emit_at(leaf.namespace, EventKind.EVICT, Tier.ABSENT, leaf.source, depth)
         new_top = top - steps
         below.first = new_top + 1
         run.children = {self._block(run, new_top + 1): below}
