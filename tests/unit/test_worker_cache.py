@@ -70,6 +70,20 @@ def test_one_prompt_crossing_several_lengths_is_one_change() -> None:
     assert summary(changes) == [("ADMIT", "VRAM", (4, 8, 16), prompt(1, 2, 3, 4))]
 
 
+def test_a_demotion_streaming_up_a_path_is_one_change() -> None:
+    """A full worker demotes a cold prompt's blocks one after the other. The last one
+    starts the DRAM run and the first one ends the VRAM run, each the long way; those
+    between stream, and report as one change (the order of a streamed eviction and
+    demotion is the equivalence test's: against the reference, one step at a time)."""
+    c, changes = cache(vram=8, dram=8, lengths=tuple(4 * d for d in range(1, 9)))
+    c.use(NS, prompt(*range(1, 9)))
+    c.use(NS, prompt(*range(11, 19)))  # all eight blocks of the first go to DRAM
+    demoted = [ch for ch in changes if ch.kind is EventKind.TIER]
+    assert [ch.lengths for ch in demoted] == [(32,), (8, 12, 16, 20, 24, 28), (4,)]
+    assert all(ch.tier is Tier.DRAM for ch in demoted)
+    assert demoted[1].tokens.tolist() == prompt(*range(1, 8))
+
+
 @pytest.mark.parametrize(
     ("uses", "policy", "evicted"),
     [

@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import operator
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -547,7 +548,9 @@ class PrefixCache:
         its key stays ahead of the queue. ``s`` such steps come to: ``run`` ends ``s``
         blocks shallower and the run below starts there, ``leaf`` (if DRAM is full)
         ends one block shallower per eviction, and the changes at registered depths
-        are reported in the loop's order (each step's eviction before its demotion).
+        are reported in the loop's order (each step's eviction before its demotion),
+        consecutive changes of one kind as one report: the index applies a report's
+        keys in any order, and only one key's own changes must keep theirs.
         A step that would empty either run, or take a new victim, goes the long way.
         """
         if len(run.children) != 1:
@@ -569,23 +572,30 @@ class PrefixCache:
         # Step s demotes depth top - s and, from step first_eviction on, first evicts
         # depth end - (s - first_eviction). Only registered depths report, so they are
         # picked out of the sorted registrations (a stream is ~60 blocks, a few of them
-        # registered) and reported in the steps' order.
-        registered, left, right = self._registered, bisect.bisect_left, bisect.bisect_right
-        demoted = registered[left(registered, top - steps + 1) : right(registered, top)]
+        # registered), and consecutive changes of one kind are one report.
+        demoted = (top - steps + 1, top)
         if leaf is None or not evicted:
-            for depth in reversed(demoted):
-                self._emit_at(run.namespace, EventKind.TIER, _DRAM, run.source, depth)
+            self._report(run.namespace, EventKind.TIER, _DRAM, run.source, demoted)
         else:
-            gone = registered[left(registered, end - evicted + 1) : right(registered, end)]
+            registered, left, right = self._registered, bisect.bisect_left, bisect.bisect_right
+            gone = (end - evicted + 1, end)
             # (step, demotion after eviction, depth), sorted into the loop's order.
-            changes = [(top - depth, 1, depth) for depth in demoted]
-            changes += [(first_eviction + end - depth, 0, depth) for depth in gone]
+            changes = [
+                (top - depth, 1, depth)
+                for depth in registered[left(registered, demoted[0]) : right(registered, top)]
+            ]
+            changes += [
+                (first_eviction + end - depth, 0, depth)
+                for depth in registered[left(registered, gone[0]) : right(registered, end)]
+            ]
             changes.sort()
-            for _, demotion, depth in changes:
+            for demotion, group in itertools.groupby(changes, key=operator.itemgetter(1)):
+                depths = [depth for _, _, depth in group]  # one kind's, deepest first
+                span = (depths[-1], depths[0])
                 if demotion:
-                    self._emit_at(run.namespace, EventKind.TIER, _DRAM, run.source, depth)
+                    self._report(run.namespace, EventKind.TIER, _DRAM, run.source, span)
                 else:
-                    self._emit_at(leaf.namespace, EventKind.EVICT, Tier.ABSENT, leaf.source, depth)
+                    self._report(leaf.namespace, EventKind.EVICT, Tier.ABSENT, leaf.source, span)
         new_top = top - steps
         below.first = new_top + 1
         run.children = {self._block(run, new_top + 1): below}
