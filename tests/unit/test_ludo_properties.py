@@ -497,11 +497,16 @@ def test_read_only_batches_run_the_kernel_compiled_at_set_up() -> None:
 def test_write_descriptor_refuses_what_the_kernel_must_not_write_through() -> None:
     """The write kernel reaches a table's arrays by address: a described array must be
     writeable, contiguous and of the type the kernel reads it as."""
+    from kvcompass.index import kernel
     from kvcompass.index.kernel import OthelloArrays, TableArrays, write_descriptor
 
     table = LudoTable.with_capacity(64, rng=random.Random(4))
     arrays: TableArrays = table._t
     othello: OthelloArrays = table._othello.arrays
+    # The kernel rebuilds both tuples positionally from the rows: the same order.
+    described = [name for name, _ in kernel._DESCRIBED_TABLE]
+    assert described == [f for f in TableArrays._fields if f not in ("cells", "fps")]
+    assert [name for name, _ in kernel._DESCRIBED_OTHELLO] == list(OthelloArrays._fields)
     assert len(write_descriptor(arrays, othello)) == 2 * (len(arrays) - 2 + len(othello))
     frozen = arrays.alt.copy()
     frozen.setflags(write=False)
