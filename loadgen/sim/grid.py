@@ -18,8 +18,11 @@ cells another version made says how many; to regenerate them, use a new ``--out`
 from __future__ import annotations
 
 import csv
+import ctypes
+import ctypes.util
 import dataclasses
 import fcntl
+import gc
 import json
 import multiprocessing
 import os
@@ -228,7 +231,7 @@ def _finished(
     """Run the cells, yielding each as it finishes."""
     if jobs <= 1:
         for cell in todo:
-            runner(cell, folders[cell])
+            _run_one((runner, cell, folders[cell]))
             yield cell
     elif todo:
         # Leaving the pool terminates its workers: on Ctrl-C or a failed cell the grid
@@ -249,8 +252,34 @@ def _worker_signals() -> None:
 
 def _run_one(work: tuple[CellRunner, Cell, Path]) -> Cell:
     runner, cell, folder = work
-    runner(cell, folder)
+    try:
+        runner(cell, folder)
+    finally:
+        _give_back_memory()
     return cell
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None where the C library has none (macOS, musl)."""
+    name = ctypes.util.find_library("c")
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return None
+    return trim
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
+def _give_back_memory() -> None:
+    """Return to the OS what a finished cell freed. glibc keeps freed heap pages for
+    reuse, so a process running cell after cell grew to several times one cell's peak
+    (three 60,000-request cells at 2 lambda0 in one process: 1.23, 2.20, 2.83 GB; trimmed
+    after each, 1.23, 1.33, 1.33 GB)."""
+    gc.collect()
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def _write_index(root: Path) -> Path:
