@@ -577,17 +577,11 @@ class PrefixCache:
         if leaf is None or not evicted:
             self._report(run.namespace, EventKind.TIER, _DRAM, run.source, demoted)
         else:
-            registered, left, right = self._registered, bisect.bisect_left, bisect.bisect_right
-            gone = (end - evicted + 1, end)
+            registered = self._registered
             # (step, demotion after eviction, depth), sorted into the loop's order.
-            changes = [
-                (top - depth, 1, depth)
-                for depth in registered[left(registered, demoted[0]) : right(registered, top)]
-            ]
-            changes += [
-                (first_eviction + end - depth, 0, depth)
-                for depth in registered[left(registered, gone[0]) : right(registered, end)]
-            ]
+            changes = [(top - depth, 1, depth) for depth in registered[self._between(demoted)]]
+            gone = self._between((end - evicted + 1, end))
+            changes += [(first_eviction + end - depth, 0, depth) for depth in registered[gone]]
             changes.sort()
             for demotion, group in itertools.groupby(changes, key=operator.itemgetter(1)):
                 depths = [depth for _, _, depth in group]  # one kind's, deepest first
@@ -835,14 +829,17 @@ class PrefixCache:
     ) -> None:
         """One change for the blocks of ``prompt`` at depths ``span`` (first, last; one
         prompt's promoted or admitted blocks), at the registration lengths among them."""
-        first, last = span
-        registered = self._registered
-        lengths = self._registered_lengths[
-            bisect.bisect_left(registered, first) : bisect.bisect_right(registered, last)
-        ]
+        lengths = self._registered_lengths[self._between(span)]
         if lengths:
             tokens = np.frombuffer(prompt[: lengths[-1] * _TOKEN.itemsize], dtype=_TOKEN)
             self._emit(namespace, kind, tier, tokens, lengths)
+
+    def _between(self, span: tuple[int, int]) -> slice:
+        """Where the registered depths within ``span`` (first, last) lie in
+        ``_registered`` (and their lengths in ``_registered_lengths``)."""
+        first, last = span
+        registered = self._registered
+        return slice(bisect.bisect_left(registered, first), bisect.bisect_right(registered, last))
 
     def _emit_at(
         self, namespace: Namespace, kind: EventKind, tier: Tier, source: bytes, depth: int
