@@ -13,12 +13,15 @@ if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
     "$VENV/bin/python" -m pip install --quiet -e "$ROOT[test]"
     touch "$STAMP"
 fi
-# numba compiles the index's write path once per machine and caches it beside the
-# source; doing it here keeps that first compile out of services' start and tests' timing.
+# numba compiles the index's write path and the prefix-key hash once per machine and
+# caches them beside the source; doing it here keeps that first compile out of services'
+# start and tests' timing.
 KERNEL_STAMP="$VENV/.kvcompass-kernel"
-if [ ! -f "$KERNEL_STAMP" ] || [ "$ROOT/shared/kvcompass/index/kernel.py" -nt "$KERNEL_STAMP" ]; then
-    echo "== compiling the index write kernel (once; tens of seconds)" >&2
+if [ ! -f "$KERNEL_STAMP" ] || [ "$ROOT/shared/kvcompass/index/kernel.py" -nt "$KERNEL_STAMP" ] \
+    || [ "$ROOT/shared/kvcompass/xxh3.py" -nt "$KERNEL_STAMP" ]; then
+    echo "== compiling the index write kernel and the key hash (once; tens of seconds)" >&2
     "$VENV/bin/python" -c "from kvcompass.index.ludo import compile_write_kernel as c; c()"
+    "$VENV/bin/python" -c "from kvcompass.xxh3 import warm_up; warm_up()"
     touch "$KERNEL_STAMP"
 fi
 # The integration tests and `kvcompass infra up` run Debian's redis-server

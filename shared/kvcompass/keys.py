@@ -3,7 +3,9 @@
 The key of the first ``c`` tokens is the low 63 bits of a hash over a namespace prefix
 followed by those token ids as uint32 little-endian. Because every prefix of a prompt
 extends the same byte string, one incremental pass yields the keys at all indexed
-lengths: feed the tokens between consecutive lengths, and read the digest at each.
+lengths: feed the tokens between consecutive lengths, and read the digest at each. For
+XXH3 that pass is one compiled call (:mod:`kvcompass.xxh3`); SHA-256, and a single key,
+use the C libraries' streaming states.
 
 Two hashes are selectable (``[index] key_hash`` in the topology, :class:`KeyHash`):
 SHA-256, the paper's, and XXH3-64, about five times faster on a 4K-token prompt (see
@@ -26,12 +28,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import numpy as np
 import xxhash
 from numpy.typing import NDArray
 
+from kvcompass import xxh3
 from kvcompass.hashing import MASK63, MASK64, mix64, mix64_array
 
 __all__ = [
@@ -78,20 +81,22 @@ _TOKEN_BYTES: Final = 4
 _FAST_LIST_PATH: Final = sys.byteorder == "little" and array("I").itemsize == _TOKEN_BYTES
 
 
-def _sha256_keys(digests: list[bytes]) -> list[int]:
-    return [int.from_bytes(d[:8], "little") & MASK63 for d in digests]
+_KEY_MASK: Final = np.uint64(MASK63)
 
 
-def _xxh3_keys(digests: list[int]) -> list[int]:
-    return [d & MASK63 for d in digests]
+def _sha256_key(state: Any) -> int:
+    return int.from_bytes(state.digest()[:8], "little") & MASK63
 
 
-#: Per hash: a streaming state seeded with the namespace prefix, the name of its digest
-#: method, and the keys of a list of such digests. Both digests leave the state as it
-#: was (they finalise a copy), so one state runs on over the whole prompt.
-_HASHES: Final[dict[KeyHash, tuple[Callable[[bytes], Any], str, Callable[[Any], list[int]]]]] = {
-    KeyHash.SHA256: (hashlib.sha256, "digest", _sha256_keys),
-    KeyHash.XXH3: (xxhash.xxh3_64, "intdigest", _xxh3_keys),
+def _xxh3_key(state: Any) -> int:
+    return state.intdigest() & MASK63  # type: ignore[no-any-return]
+
+
+#: Per hash: a streaming state seeded with the namespace prefix, and the key of what it
+#: has read (its digest finalises a copy, so one state runs on over the whole prompt).
+_STREAMS: Final[dict[KeyHash, tuple[Callable[[bytes], Any], Callable[[Any], int]]]] = {
+    KeyHash.SHA256: (hashlib.sha256, _sha256_key),
+    KeyHash.XXH3: (xxhash.xxh3_64, _xxh3_key),
 }
 
 
@@ -160,6 +165,18 @@ def _token_bytes(tokens: TokenIds, limit: int) -> bytes | memoryview:
     return np.ascontiguousarray(arr, dtype=_TOKEN_DTYPE).tobytes()
 
 
+def _token_array(tokens: TokenIds) -> NDArray[np.uint32]:
+    """The tokens as a contiguous little-endian uint32 array (themselves if they are one)."""
+    if (
+        type(tokens) is np.ndarray
+        and tokens.dtype == _TOKEN_DTYPE
+        and tokens.ndim == 1
+        and tokens.flags.c_contiguous
+    ):
+        return cast(NDArray[np.uint32], tokens)
+    return np.frombuffer(_token_bytes(tokens, len(tokens)), dtype=np.uint32)
+
+
 def _checked_lengths(lengths: Iterable[int]) -> tuple[int, ...]:
     checked = sorted({operator.index(c) for c in lengths})
     if checked and checked[0] <= 0:
@@ -184,9 +201,12 @@ class PrefixHasher:
         self.namespace = namespace
         self.key_hash = KeyHash(key_hash)
         self._prefix = namespace.key_prefix(self.key_hash)
-        self._longest = self.lengths[-1] if self.lengths else 0
-        self._ends = tuple(c * _TOKEN_BYTES for c in self.lengths)
-        self._new, self._digest, self._keys_of = _HASHES[self.key_hash]
+        self._head = np.frombuffer(self._prefix, dtype=np.uint8)
+        # The compiled walk reads words in the host's byte order.
+        self._xxh3 = self.key_hash is KeyHash.XXH3 and sys.byteorder == "little"
+        self._lengths = np.array(self.lengths, dtype=np.int64)
+        if self._xxh3:
+            xxh3.warm_up()  # load (or compile) it now, not in a first request
 
     def keys(self, tokens: TokenIds) -> dict[int, int]:
         """63-bit key of the first ``c`` tokens for each length ``c`` (one hash pass).
@@ -198,7 +218,7 @@ class PrefixHasher:
 
     def key_list(self, tokens: TokenIds) -> list[int]:
         """The values of :meth:`keys`: the keys at the first ``len(result)`` lengths."""
-        return self._keys_at(tokens, self._longest, self._ends)
+        return self._keys_at(tokens, self._lengths)
 
     def key_list_at(self, tokens: TokenIds, lengths: Sequence[int]) -> list[int]:
         """The keys at ``lengths``, an ascending selection of this hasher's lengths that
@@ -207,7 +227,7 @@ class PrefixHasher:
         per length it has, and no hasher per selection."""
         if not lengths:
             return []
-        return self._keys_at(tokens, lengths[-1], [c * _TOKEN_BYTES for c in lengths])
+        return self._keys_at(tokens, np.array(lengths, dtype=np.int64))
 
     def key_at(self, tokens: TokenIds, length: int) -> int | None:
         """The key at ``length``, one of this hasher's lengths that the caller has
@@ -216,27 +236,34 @@ class PrefixHasher:
         data = _token_bytes(tokens, length)
         if len(data) < length * _TOKEN_BYTES:
             return None
-        h = self._new(self._prefix)
-        h.update(data)
-        return self._keys_of([getattr(h, self._digest)()])[0]
+        # One digest: the C library's stream, without the compiled walk's fixed cost.
+        return self._streamed_keys(data, [len(data)])[0]
 
-    def _keys_at(self, tokens: TokenIds, longest: int, ends: Iterable[int]) -> list[int]:
-        data = _token_bytes(tokens, longest)
-        if type(data) is not memoryview:
-            data = memoryview(data)
-        n_bytes = len(data)
-        h = self._new(self._prefix)
-        update, digest = h.update, getattr(h, self._digest)
-        digests: list[Any] = []
-        append = digests.append
+    def _keys_at(self, tokens: TokenIds, lengths: NDArray[np.int64]) -> list[int]:
+        """The keys at the ascending ``lengths`` that the prompt reaches."""
+        if self._xxh3:
+            out = np.empty(len(lengths), dtype=np.uint64)
+            n = xxh3.digests_at(self._head, _token_array(tokens), lengths, _KEY_MASK, out)
+            return out[:n].tolist()  # type: ignore[no-any-return]
+        if not len(lengths):
+            return []
+        data = _token_bytes(tokens, int(lengths[-1]))
+        return self._streamed_keys(data, [c * _TOKEN_BYTES for c in lengths.tolist()])
+
+    def _streamed_keys(self, data: bytes | memoryview, ends: list[int]) -> list[int]:
+        """One streaming state over ``data``, a key at each byte end it reaches."""
+        data = memoryview(data)
+        new, key_of = _STREAMS[self.key_hash]
+        state = new(self._prefix)
+        keys = []
         done = 0
         for end in ends:
-            if end > n_bytes:
+            if end > len(data):
                 break
-            update(data[done:end])
-            append(digest())
+            state.update(data[done:end])
+            keys.append(key_of(state))
             done = end
-        return self._keys_of(digests)
+        return keys
 
 
 def prefix_keys(

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 import xxhash
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcompass.hashing import MASK63, MASK64
@@ -219,6 +219,37 @@ def test_incremental_equals_one_shot(
     assert set(keys) == {c for c in lengths if c <= len(tokens)}
     for c, key in keys.items():
         assert key == one_shot_key(tokens[:c], NS.model, key_hash=key_hash)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    tokens=st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=1500),
+    lengths=st.lists(st.integers(1, 1600), min_size=1, max_size=40),
+)
+def test_long_prompts_keys_are_their_prefixes_one_shot_keys(
+    tokens: list[int], lengths: list[int]
+) -> None:
+    """XXH3 keys come from the compiled walk, whose large-input path (past 240 bytes)
+    carries 1,024-byte blocks from one length to the next."""
+    hasher = PrefixHasher(lengths, NS, KeyHash.XXH3)
+    array = np.array(tokens, dtype=np.uint32)
+    within = [c for c in hasher.lengths if c <= len(tokens)]
+    want = [one_shot_key(tokens[:c], NS.model, key_hash="xxh3") for c in within]
+    assert hasher.key_list(array) == want
+    assert hasher.key_list(tokens) == want  # a list is converted, then walked alike
+    assert hasher.key_list_at(array, within[-3:]) == want[-3:]
+    assert [hasher.key_at(array, c) for c in within[-2:]] == want[-2:]
+
+
+def test_the_streamed_keys_equal_the_compiled_ones() -> None:
+    """The C library's stream (one key, or a host whose byte order the walk cannot read)
+    gives the walk's keys."""
+    tokens = np.random.default_rng(7).integers(0, 2**32, 3000, dtype=np.uint32)
+    compiled = PrefixHasher([16, 64, 200, 256, 1024, 2048, 2900], NS, KeyHash.XXH3)
+    streamed = PrefixHasher(compiled.lengths, NS, KeyHash.XXH3)
+    streamed._xxh3 = False
+    assert streamed.key_list(tokens) == compiled.key_list(tokens)
+    assert streamed.key_list_at(tokens, [200, 2048]) == compiled.key_list_at(tokens, [200, 2048])
 
 
 # --- shards --------------------------------------------------------------------------------
