@@ -3,15 +3,15 @@
 Keys are already uniform 63-bit digests, so the index only needs a fast, seedable
 bijection that decorrelates its several uses of one key (shard, bucket pair, Othello
 cells, in-bucket slot, fingerprint). MurmurHash3's 64-bit finaliser is that bijection.
-The scalar form works on Python ints, the array form on ``uint64`` arrays; both return
-bit-identical results, which the maintenance side (scalar) and the lookup view
-(vectorised) depend on. Compiled code has the one other definition
-(``kernel.mix64_compiled``, which the write and match kernels share): numba cannot call
-a function on unbounded Python ints.
+The scalar form works on Python ints, the array form on ``uint64`` arrays, the compiled
+form inside numba code (the index's write and match kernels, the shard of a key array);
+all three return bit-identical results, which the maintenance side (scalar) and the
+lookup view (vectorised) depend on. numba cannot call a function on unbounded Python ints.
 """
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numpy.typing import NDArray
 
@@ -22,6 +22,7 @@ __all__ = [
     "MASK64",
     "mix64",
     "mix64_array",
+    "mix64_compiled",
 ]
 
 MASK32 = (1 << 32) - 1
@@ -68,3 +69,13 @@ def mix64_array(
     np.right_shift(out, _U33, out=tmp)
     out ^= tmp
     return out
+
+
+@numba.njit(cache=True, nogil=True)
+def mix64_compiled(x: np.uint64) -> np.uint64:
+    """:func:`mix64` in compiled code, where uint64 arithmetic wraps."""
+    x ^= x >> _U33
+    x *= _UC1
+    x ^= x >> _U33
+    x *= _UC2
+    return x ^ (x >> _U33)

@@ -25,7 +25,7 @@ from typing import Final
 
 from kvcompass.hashing import mix64
 from kvcompass.index.layout import Tier
-from kvcompass.keys import SHARD_SALT, Namespace, PrefixHasher, TokenIds, shard_list
+from kvcompass.keys import SHARD_SALT, Namespace, PrefixHasher, TokenIds, shard_of_array
 from kvcompass.levels import LevelPlan
 from kvcompass.pipeline.clock import Clock, SystemClock
 from kvcompass.topology import Worker
@@ -159,10 +159,11 @@ class EventPublisher:
                 self._pending[shard].add(kind_value, tier_value, lengths, (key,))
                 self._pending_keys += 1
         else:
-            keys = hasher.key_list_at(tokens, lengths)  # at the first len(keys) of lengths
+            array = hasher.key_array_at(tokens, lengths)  # at the first len(keys) of lengths
+            keys = array.tolist()
             by_shard: dict[int, tuple[list[int], list[int]]] = {}
             for length, key, shard in zip(
-                lengths, keys, shard_list(keys, self.n_shards), strict=False
+                lengths, keys, shard_of_array(array, self.n_shards).tolist(), strict=False
             ):
                 group = by_shard.get(shard)
                 if group is None:

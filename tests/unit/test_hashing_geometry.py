@@ -252,8 +252,8 @@ def test_for_capacity_other_load_limits_and_seeds() -> None:
 
 
 def test_the_compiled_mix64_agrees_with_the_python_one() -> None:
-    from kvcompass.index import kernel
+    from kvcompass.hashing import mix64_compiled
 
     rng = random.Random(8)
     for x in [0, 1, MASK63, MASK64] + [rng.getrandbits(64) for _ in range(200)]:
-        assert int(kernel.mix64_compiled(np.uint64(x))) == mix64(x)
+        assert int(mix64_compiled(np.uint64(x))) == mix64(x)

@@ -24,6 +24,7 @@ import numpy as np
 from numba import carray  # type: ignore[attr-defined]
 from numpy.typing import NDArray
 
+from kvcompass.hashing import mix64_compiled
 from kvcompass.index.addresses import address, address_of
 from kvcompass.index.geometry import TableGeometry
 from kvcompass.keys import SHARD_SALT
@@ -91,15 +92,12 @@ _SEED_WORDS = 8
 #: Stamps wrap below 2^29 so an int32 mark holds 2·stamp + 1.
 _STAMP_LIMIT = 1 << 29
 
-_C1 = np.uint64(0xFF51AFD7ED558CCD)
-_C2 = np.uint64(0xC4CEB9FE1A85EC53)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _LOW_BITS = np.uint64(0x5555555555555555)
 _M32 = np.uint64(0xFFFFFFFF)
 _U1 = np.uint64(1)
 _U3 = np.uint64(3)
 _U32 = np.uint64(32)
-_U33 = np.uint64(33)
 _U63 = np.uint64(63)
 _U64 = np.uint64(64)
 
@@ -206,18 +204,6 @@ def geometry_vector(g: TableGeometry) -> NDArray[np.uint64]:
 
 
 # -- hashing (bit-identical to kvcompass.hashing / TableGeometry) -------------------------
-
-
-# The compiled twin of kvcompass.hashing.mix64 (tests check they agree), also the match
-# kernel's (kvcompass.index.probe): numba compiles uint64 arithmetic that wraps, while
-# the Python one masks unbounded ints.
-@_compiled
-def mix64_compiled(x: np.uint64) -> np.uint64:
-    x ^= x >> _U33
-    x *= _C1
-    x ^= x >> _U33
-    x *= _C2
-    return x ^ (x >> _U33)
 
 
 _SHARD_SALT = np.uint64(SHARD_SALT)

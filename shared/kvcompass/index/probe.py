@@ -28,10 +28,10 @@ from numba import carray  # type: ignore[attr-defined]
 from numpy.typing import NDArray
 
 from kvcompass.hashing import GOLDEN64, MASK32
+from kvcompass.hashing import mix64_compiled as _mix64
 from kvcompass.index.addresses import address
 from kvcompass.index.geometry import TableGeometry
 from kvcompass.index.image import ImageLayout
-from kvcompass.index.kernel import mix64_compiled as _mix64
 from kvcompass.keys import SHARD_SALT
 
 __all__ = ["N_COLUMNS", "UNCHECKED", "describe", "match_probes", "table_workers", "warm_up"]
