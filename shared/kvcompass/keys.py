@@ -174,7 +174,7 @@ def _token_array(tokens: TokenIds) -> NDArray[np.uint32]:
         and tokens.ndim == 1
         and tokens.flags.c_contiguous
     ):
-        return cast(NDArray[np.uint32], tokens)
+        return cast("NDArray[np.uint32]", tokens)  # a string: NDArray[...] costs µs to build
     return np.frombuffer(_token_bytes(tokens, len(tokens)), dtype=np.uint32)
 
 
@@ -230,13 +230,18 @@ class PrefixHasher:
             return []
         return self._keys_at(tokens, np.array(lengths, dtype=np.int64))
 
+    def key_array(self, tokens: TokenIds) -> NDArray[np.uint64]:
+        """:meth:`key_list` as an array, for compiled code to take on (an edge's probes)."""
+        return self._key_array(tokens, self._lengths)
+
     def key_array_at(self, tokens: TokenIds, lengths: Sequence[int]) -> NDArray[np.uint64]:
-        """:meth:`key_list_at` as an array, for compiled code to take on (a publisher's
-        shards, :func:`shard_of_array`)."""
-        ends = np.array(lengths, dtype=np.int64)
+        """:meth:`key_list_at` as an array (a publisher's shards, :func:`shard_of_array`)."""
+        return self._key_array(tokens, np.array(lengths, dtype=np.int64))
+
+    def _key_array(self, tokens: TokenIds, lengths: NDArray[np.int64]) -> NDArray[np.uint64]:
         if self._xxh3:
-            return self._walked_keys(tokens, ends)
-        return np.array(self._keys_at(tokens, ends), dtype=np.uint64)
+            return self._walked_keys(tokens, lengths)
+        return np.array(self._keys_at(tokens, lengths), dtype=np.uint64)
 
     def key_at(self, tokens: TokenIds, length: int) -> int | None:
         """The key at ``length``, one of this hasher's lengths that the caller has

@@ -23,6 +23,8 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+import numpy as np
+
 from kvcompass.hashing import mix64
 from kvcompass.index.layout import Tier
 from kvcompass.keys import SHARD_SALT, Namespace, PrefixHasher, TokenIds, shard_of_array
@@ -118,6 +120,7 @@ class EventPublisher:
         )
         self.next_seq = 0
         self._clock = clock or SystemClock()
+        shard_of_array(np.zeros(1, np.uint64), n_shards)  # load it now, not in a first change
 
     def admit(self, tokens: TokenIds, tier: Tier = Tier.VRAM) -> list[KVEventBatch]:
         return self.publish(EventKind.ADMIT, tokens, tier)

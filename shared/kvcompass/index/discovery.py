@@ -116,7 +116,7 @@ class QueryPlanner:
         return {region: length for region, (length, _) in self._shape.guards.items()}
 
     def query(self, tokens: TokenIds) -> MultiLevelQuery:
-        regions = _PlannedRegions(self._shape, self._hasher.key_list(tokens))
+        regions = _PlannedRegions(self._shape, self._hasher.key_array(tokens))
         return MultiLevelQuery(regions, self.chained)
 
 
@@ -164,16 +164,19 @@ def _shape(
 
 class _PlannedRegions(Mapping[str, list[tuple[int, int]]]):
     """A planner's ``per_region``, each region's pairs built when asked for: the readers
-    take the key list as it is, and the policy reads one region, if any."""
+    take the key array as it is, and the policy reads one region, if any."""
 
-    __slots__ = ("key_list", "shape")
+    __slots__ = ("_key_list", "key_array", "shape")
 
-    def __init__(self, shape: _Shape, key_list: list[int]) -> None:
+    def __init__(self, shape: _Shape, key_array: NDArray[np.uint64]) -> None:
         self.shape = shape
-        self.key_list = key_list  # at the first len(key_list) of the planner's lengths
+        self.key_array = key_array  # at the first len(key_array) of the planner's lengths
+        self._key_list: list[int] | None = None
 
     def __getitem__(self, region: str) -> list[tuple[int, int]]:
-        keys = self.key_list
+        keys = self._key_list
+        if keys is None:
+            keys = self._key_list = self.key_array.tolist()
         n = len(keys)
         return [(c, keys[i]) for c, i in self.shape.regions[region] if i < n]
 
@@ -220,7 +223,7 @@ class MatchProbes:
             if probes is None:
                 probes = self._rows(regions.shape.regions, query.chained, regions.shape.guards)
                 self._planned[planned] = probes
-            return np.array(regions.key_list, np.int64), probes
+            return regions.key_array.view(np.int64), probes  # 63-bit keys
         keys: list[int] = []
         indexed: dict[str, list[tuple[int, int]]] = {}
         for region, pairs in regions.items():
