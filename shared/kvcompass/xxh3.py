@@ -44,9 +44,7 @@ _U35 = np.uint64(35)
 _U37 = np.uint64(37)
 _U40 = np.uint64(40)
 _U47 = np.uint64(47)
-_U48 = np.uint64(48)
 _U49 = np.uint64(49)
-_U56 = np.uint64(56)
 _BYTE = np.uint64(0xFF)
 _M32 = np.uint64(0xFFFFFFFF)
 _P32_1 = np.uint64(0x9E3779B1)
@@ -104,28 +102,20 @@ _copy_bytes: Any = intrinsic(_copy_typing)
 
 
 @_compiled
-def _read64(b: NDArray[np.uint8], i: int) -> np.uint64:
-    """Little-endian uint64 at byte ``i`` (LLVM folds the bytes into one load)."""
+def _read32(b: NDArray[np.uint8], i: int) -> np.uint64:
+    """Little-endian uint32 at byte ``i``, widened (LLVM folds the bytes into one load)."""
     return (
         np.uint64(b[i])
         | (np.uint64(b[i + 1]) << _U8)
         | (np.uint64(b[i + 2]) << _U16)
         | (np.uint64(b[i + 3]) << _U24)
-        | (np.uint64(b[i + 4]) << _U32)
-        | (np.uint64(b[i + 5]) << _U40)
-        | (np.uint64(b[i + 6]) << _U48)
-        | (np.uint64(b[i + 7]) << _U56)
     )
 
 
 @_compiled
-def _read32(b: NDArray[np.uint8], i: int) -> np.uint64:
-    return (
-        np.uint64(b[i])
-        | (np.uint64(b[i + 1]) << _U8)
-        | (np.uint64(b[i + 2]) << _U16)
-        | (np.uint64(b[i + 3]) << _U24)
-    )
+def _read64(b: NDArray[np.uint8], i: int) -> np.uint64:
+    """Little-endian uint64 at byte ``i``."""
+    return _read32(b, i) | (_read32(b, i + 4) << _U32)
 
 
 @_compiled
