@@ -325,11 +325,9 @@ def digests_at(
 
 
 def warm_up() -> None:
-    """Compile (first run on a machine) or load the kernel now, not at a first request."""
-    digests_at(
-        np.zeros(1, np.uint8),
-        np.zeros(1, np.uint32),
-        np.zeros(1, np.int64),
-        np.uint64(0),
-        np.zeros(1, np.uint64),
-    )
+    """Compile (first run on a machine) or load the kernel now, not at a first request,
+    for the arrays callers pass: a read-only head (a view of the namespace's bytes) and
+    a token array that is writable or read-only (a view of a cache's bytes)."""
+    head = np.frombuffer(b"\0", dtype=np.uint8)
+    for body in (np.zeros(1, np.uint32), np.frombuffer(bytes(4), dtype=np.uint32)):
+        digests_at(head, body, np.zeros(1, np.int64), np.uint64(0), np.zeros(1, np.uint64))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import xxhash
@@ -71,3 +74,25 @@ def test_no_end_within_the_body_writes_nothing() -> None:
     assert digests(b"x", np.arange(3, dtype=np.uint32), []) == []
     assert digests(b"x", np.arange(3, dtype=np.uint32), [4, 9]) == []
     assert digests(b"", np.zeros(0, np.uint32), [0]) == [xxhash.xxh3_64_intdigest(b"")]
+
+
+def test_warm_up_leaves_nothing_to_compile_at_a_first_request() -> None:
+    """A fresh process: after warm_up, the arrays a hasher passes (its read-only head, a
+    writable token array or a read-only view of a cache's bytes) need no new compile."""
+    script = """
+import numpy as np
+from kvcompass import xxh3
+from kvcompass.keys import Namespace, PrefixHasher
+xxh3.warm_up()
+warmed = len(xxh3.digests_at.signatures)
+hasher = PrefixHasher([16, 64, 256], Namespace("m"))
+hasher.key_list(np.arange(300, dtype=np.uint32))
+hasher.key_array_at(np.frombuffer(bytes(1200), dtype=np.uint32), [64, 256])
+print(warmed, len(xxh3.digests_at.signatures))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=300
+    )
+    warmed, after = map(int, done.stdout.split())
+    assert warmed == 2
+    assert after == warmed
