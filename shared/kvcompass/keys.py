@@ -221,21 +221,16 @@ class PrefixHasher:
         """The values of :meth:`keys`: the keys at the first ``len(result)`` lengths."""
         return self._keys_at(tokens, self._lengths)
 
-    def key_list_at(self, tokens: TokenIds, lengths: Sequence[int]) -> list[int]:
-        """The keys at ``lengths``, an ascending selection of this hasher's lengths that
-        the caller has checked, up to the prompt's length. The tokens before the first
-        are hashed in one pass: a change at a prompt's last few lengths costs a digest
-        per length it has, and no hasher per selection."""
-        if not lengths:
-            return []
-        return self._keys_at(tokens, np.array(lengths, dtype=np.int64))
-
     def key_array(self, tokens: TokenIds) -> NDArray[np.uint64]:
         """:meth:`key_list` as an array, for compiled code to take on (an edge's probes)."""
         return self._key_array(tokens, self._lengths)
 
     def key_array_at(self, tokens: TokenIds, lengths: Sequence[int]) -> NDArray[np.uint64]:
-        """:meth:`key_list_at` as an array (a publisher's shards, :func:`shard_of_array`)."""
+        """The keys at ``lengths``, an ascending selection of this hasher's lengths that
+        the caller has checked, up to the prompt's length, as an array (a publisher's
+        shards, :func:`shard_of_array`). The tokens before the first are hashed in one
+        pass: a change at a prompt's last few lengths costs a digest per length it has,
+        and no hasher per selection."""
         return self._key_array(tokens, np.array(lengths, dtype=np.int64))
 
     def _key_array(self, tokens: TokenIds, lengths: NDArray[np.int64]) -> NDArray[np.uint64]:

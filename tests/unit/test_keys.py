@@ -113,7 +113,7 @@ def test_keys_at_a_selection_of_lengths_are_those_prefixes_keys(key_hash: KeyHas
     tokens = np.arange(2000, 2300, dtype=np.uint32)
     hasher = PrefixHasher([16, 32, 64, 128, 256, 512], NS, key_hash)
     for selection in ([128, 256], [32], [16, 64, 512], []):
-        got = hasher.key_list_at(tokens, selection)
+        got = hasher.key_array_at(tokens, selection).tolist()
         within = [c for c in selection if c <= len(tokens)]  # 512 is past the prompt
         assert got == [
             one_shot_key(tokens[:c].tolist(), NS.model, key_hash=key_hash) for c in within
@@ -236,7 +236,7 @@ def test_long_prompts_keys_are_their_prefixes_one_shot_keys(
     want = [one_shot_key(tokens[:c], NS.model, key_hash="xxh3") for c in within]
     assert hasher.key_list(array) == want
     assert hasher.key_list(tokens) == want  # a list is converted, then walked alike
-    assert hasher.key_list_at(array, within[-3:]) == want[-3:]
+    assert hasher.key_array_at(array, within[-3:]).tolist() == want[-3:]
     assert [hasher.key_at(array, c) for c in within[-2:]] == want[-2:]
 
 
@@ -248,7 +248,10 @@ def test_the_streamed_keys_equal_the_compiled_ones() -> None:
     streamed = PrefixHasher(compiled.lengths, NS, KeyHash.XXH3)
     streamed._xxh3 = False
     assert streamed.key_list(tokens) == compiled.key_list(tokens)
-    assert streamed.key_list_at(tokens, [200, 2048]) == compiled.key_list_at(tokens, [200, 2048])
+    selection = [200, 2048]
+    assert streamed.key_array_at(tokens, selection).tolist() == (
+        compiled.key_array_at(tokens, selection).tolist()
+    )
 
 
 # --- shards --------------------------------------------------------------------------------
