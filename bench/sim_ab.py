@@ -4,20 +4,20 @@ Usage: python bench/sim_ab.py [--against REV] [--against-python PY] [--pairs P]
                               [--workload short|mixed|long ...] [--requests N] [--seed S]
 
 The working tree's simulator and git revision ``--against``'s (default ``HEAD``, taken
-with ``git archive``; ``worktree``: the working tree itself) run the same workload in
-processes of their own, alternating which goes first, ``--pairs`` times, so that the
-drift of a shared machine hurts both alike. A run times the CPU of ``Simulation.run``
-alone (the workload and the compiled kernels are made before the clock starts) and
-hashes its records. Per workload: each side's CPU seconds, ``ratio`` (the median over
-pairs of old ÷ new: above 1, the working tree is faster) and ``identical`` (every run of
-both sides produced the same records). ``--against-python`` runs the old side with
-another interpreter, whose environment must hold the project's dependencies; with
-``--against worktree`` that compares interpreters on the same code.
+with ``git archive`` and kept by commit in ``--cache``; ``worktree``: the working tree
+itself) run the same workload in processes of their own, alternating which goes first,
+``--pairs`` times, so that the drift of a shared machine hurts both alike. A run times
+the CPU of ``Simulation.run`` alone (the workload and the compiled kernels are made
+before the clock starts) and hashes its records. Per workload: each side's CPU seconds,
+``ratio`` (the median over pairs of old ÷ new: above 1, the working tree is faster) and
+``identical`` (every run of both sides produced the same records). ``--against-python``
+runs the old side with another interpreter, whose environment must hold the project's
+dependencies; with ``--against worktree`` that compares interpreters on the same code.
 
 Workloads as ``bench/sim.py`` runs them: ``short`` and ``mixed`` at 500 arrivals per
 second with resync, ``long`` Mixed at 1.5 λ0 without resync (give it ``--requests
-20000`` to fill caches). The old side's compiled kernels are compiled on its first run
-(numba caches them beside its exported source), outside the clock. Prints one JSON
+20000`` to fill caches). A revision's kernels are compiled on its first run (numba caches
+them beside its kept source, so only once per commit), outside the clock. Prints one JSON
 object; a progress bar on stderr.
 """
 
@@ -29,6 +29,7 @@ import gc
 import hashlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -56,17 +57,42 @@ def package_root(source: Path, into: Path) -> Path:
     return into
 
 
-def export(rev: str, into: Path) -> Path:
-    """The source folders of git revision ``rev``, written below ``into``."""
-    into.mkdir(parents=True)
-    archive = subprocess.run(
-        ["git", "archive", "--format=tar", rev, "shared", "loadgen", "services"],
+def export(rev: str, cache: Path) -> Path:
+    """The source folders of git revision ``rev``, kept below ``cache`` by commit: the
+    compiled kernels numba caches beside them are reused by the next comparison."""
+    resolved = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
         cwd=ROOT,
         capture_output=True,
+        text=True,
     )
-    if archive.returncode:
-        sys.exit(f"cannot take revision {rev!r}: {archive.stderr.decode().strip()}")
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    if resolved.returncode:
+        sys.exit(f"cannot take revision {rev!r}: not a commit of {ROOT}")
+    into = cache / resolved.stdout.strip()
+    if into.is_dir():
+        return into
+    archive = subprocess.run(
+        [
+            "git",
+            "archive",
+            "--format=tar",
+            resolved.stdout.strip(),
+            "shared",
+            "loadgen",
+            "services",
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    cache.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=cache))
+    try:
+        subprocess.run(["tar", "-x", "-C", str(partial)], input=archive.stdout, check=True)
+        partial.rename(into)  # whole or not at all
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     return into
 
 
@@ -137,6 +163,12 @@ def main() -> None:
     p.add_argument("--workload", choices=WORKLOADS, action="append", help="default: short, mixed")
     p.add_argument("--requests", type=int, default=5000, help="requests per run")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--cache",
+        type=Path,
+        default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kvcompass-sim-ab",
+        help="where revisions are kept, by commit, with their compiled kernels",
+    )
     p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -148,7 +180,7 @@ def main() -> None:
     kinds = args.workload or ["short", "mixed"]
     with tempfile.TemporaryDirectory(prefix="kvc-sim-ab-") as tmp:
         work = Path(tmp)
-        old_source = ROOT if args.against == "worktree" else export(args.against, work / "src")
+        old_source = ROOT if args.against == "worktree" else export(args.against, args.cache)
         sides = {
             "old": (args.against_python, package_root(old_source, work / "old")),
             "new": (sys.executable, package_root(ROOT, work / "new")),

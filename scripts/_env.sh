@@ -7,7 +7,7 @@ VENV="${KVC_VENV:-$ROOT/.venv}"
 # and can make venvs (Debian's needs python3-venv, which brings ensurepip); else python3
 # from PATH. Distributions build CPython with profile-guided and link-time
 # optimisation; a build without them (the pyenv python3 first on PATH on these machines)
-# ran the simulator 1.07-1.17x slower (same code, same records). A project venv made from
+# ran the simulator 1.06-1.17x slower (same code, same records). A project venv made from
 # another interpreter is made anew; a KVC_VENV is the caller's and is kept as it is.
 if [ -z "${PYTHON:-}" ]; then
     PYTHON=python3
