@@ -5,10 +5,11 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${KVC_VENV:-$ROOT/.venv}"
 # The interpreter: $PYTHON if set; else the distribution's /usr/bin/python3 if it is 3.11+
 # and can make venvs (Debian's needs python3-venv, which brings ensurepip); else python3
-# from PATH. Distributions build CPython with profile-guided and link-time
-# optimisation; a build without them (the pyenv python3 first on PATH on these machines)
-# ran the simulator 1.06-1.17x slower (same code, same records). A project venv made from
-# another interpreter is made anew; a KVC_VENV is the caller's and is kept as it is.
+# from PATH. Debian builds its interpreter with profile-guided and link-time optimisation,
+# linked statically; the pyenv python3 first on PATH on these machines has neither and
+# runs through a shared libpython, and ran the simulator 1.06-1.17x slower (same code,
+# same records). A project venv made from another interpreter is made anew; a KVC_VENV
+# is the caller's and is kept as it is.
 if [ -z "${PYTHON:-}" ]; then
     PYTHON=python3
     if /usr/bin/python3 -c 'import sys, ensurepip; sys.exit(sys.version_info < (3, 11))' \
