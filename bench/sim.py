@@ -37,6 +37,7 @@ import gc
 import io
 import itertools
 import json
+import platform
 import pstats
 import sys
 import time
@@ -183,7 +184,12 @@ def main() -> None:
     )
     args = p.parse_args()
     count = args.requests or (1000 if args.quick else 5000)
-    report: dict[str, Any] = {"topology": TOPOLOGY.name, "workers": len(TOPOLOGY.workers)}
+    report: dict[str, Any] = {
+        "topology": TOPOLOGY.name,
+        "workers": len(TOPOLOGY.workers),
+        # The interpreter's build moves every number here (see scripts/_env.sh).
+        "python": {"version": platform.python_version(), "executable": sys.executable},
+    }
     # Loading the index's compiled write kernel (numba's cache) takes seconds once per
     # process: pay it before any clock starts.
     Simulation(SimConfig(TOPOLOGY, seed=args.seed)).run(workload("short", 50.0, 50, args.seed))
