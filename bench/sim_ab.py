@@ -68,19 +68,12 @@ def export(rev: str, cache: Path) -> Path:
     )
     if resolved.returncode:
         sys.exit(f"cannot take revision {rev!r}: not a commit of {ROOT}")
-    into = cache / resolved.stdout.strip()
+    commit = resolved.stdout.strip()
+    into = cache / commit
     if into.is_dir():
         return into
     archive = subprocess.run(
-        [
-            "git",
-            "archive",
-            "--format=tar",
-            resolved.stdout.strip(),
-            "shared",
-            "loadgen",
-            "services",
-        ],
+        ["git", "archive", "--format=tar", commit, "shared", "loadgen", "services"],
         cwd=ROOT,
         check=True,
         capture_output=True,
@@ -98,10 +91,9 @@ def export(rev: str, cache: Path) -> Path:
 
 def child(kind: str, count: int, seed: int) -> None:
     """One timed run in this process (whose kvcompass is the side's): prints its JSON."""
-    # bench/sim.py beside this file: its workloads, resolved against this side's package.
     from kvcompass.loadgen.reports.cells import no_reuse_capacity
     from kvcompass.loadgen.sim import SimConfig, Simulation
-    from sim import TOPOLOGY, workload
+    from sim import TOPOLOGY, workload  # bench/sim.py's workloads, on this side's package
 
     long = kind == "long"
     rate = 1.5 * no_reuse_capacity(TOPOLOGY.name) if long else 500.0
