@@ -82,11 +82,21 @@ def export(rev: str, cache: Path) -> Path:
     partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=cache))
     try:
         subprocess.run(["tar", "-x", "-C", str(partial)], input=archive.stdout, check=True)
+        build_compiled(partial / "shared")
         partial.rename(into)  # whole or not at all
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return into
+
+
+def build_compiled(shared: Path) -> None:
+    """Compile a revision's Cython modules in place, as its install would (each .pyx
+    names its flags in its header, so ``cythonize -i`` builds it alike)."""
+    sources = sorted(str(p.relative_to(shared)) for p in shared.rglob("*.pyx"))
+    if sources:
+        command = [sys.executable, "-m", "Cython.Build.Cythonize", "-i", "-q", *sources]
+        subprocess.run(command, cwd=shared, check=True, capture_output=True)
 
 
 def child(kind: str, count: int, seed: int) -> None:

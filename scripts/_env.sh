@@ -35,6 +35,26 @@ if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
     "$VENV/bin/python" -m pip install --quiet -e "$ROOT[test]"
     touch "$STAMP"
 fi
+# The Cython modules (shared/**/*.pyx) are compiled in place by the install; an edited
+# .pyx, or one without its compiled module, is built again (a stale module would run
+# the old code: tests/unit/test_compiled_modules.py fails on one).
+NATIVE_STAMP="$VENV/.kvcompass-native"
+stale_native() {
+    [ ! -f "$NATIVE_STAMP" ] || [ "$ROOT/setup.py" -nt "$NATIVE_STAMP" ] && return 0
+    local source
+    while IFS= read -r source; do
+        [ "$source" -nt "$NATIVE_STAMP" ] && return 0
+        case "$source" in
+            *.pyx) compgen -G "${source%.pyx}.cpython-*.so" >/dev/null || return 0 ;;
+        esac
+    done < <(find "$ROOT/shared" -name '*.pyx' -o -name '*.pxd')
+    return 1
+}
+if stale_native; then
+    echo "== compiling the Cython modules" >&2
+    "$VENV/bin/python" -m pip install --quiet --no-deps -e "$ROOT"
+    touch "$NATIVE_STAMP"
+fi
 # numba compiles the index's write path and the prefix-key hash once per machine and
 # caches them beside the source; doing it here keeps that first compile out of services'
 # start and tests' timing.
