@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
+# cython: language_level=3, boundscheck=True, wraparound=False, initializedcheck=False
 # cython: embedsignature=True, binding=True, auto_pickle=False
 # distutils: extra_compile_args = -O2 -ffp-contract=off
 """The joint score (paper §3.4), with every per-worker constant resolved once per edge.
