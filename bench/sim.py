@@ -49,6 +49,7 @@ from kvcompass.loadgen.reports.cells import no_reuse_capacity
 from kvcompass.loadgen.sim import SimConfig, Simulation
 from kvcompass.loadgen.workloads import LiveRequest, make_workload
 from kvcompass.topology import load_builtin
+from kvcompass.worker import EmulatedEngine
 
 TOPOLOGY = load_builtin("sim-8region")
 SHORT = {
@@ -89,14 +90,25 @@ class Timers:
         return timed
 
 
+class _TimedEngine:
+    """An engine whose submit and advance are timed; everything else is the engine's.
+    (The compiled engine's methods cannot be replaced on the object itself.)"""
+
+    def __init__(self, engine: EmulatedEngine, timers: Timers) -> None:
+        self._engine = engine
+        self.submit = timers.wrap("engine_submit", engine.submit)
+        self.advance = timers.wrap("engine_advance", engine.advance)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
 def instrument(sim: Simulation) -> Timers:
     timers = Timers()
     for policy in sim.policies.values():
         policy.decide = timers.wrap("decide", policy.decide)  # type: ignore[method-assign]
     for worker in sim.pool.workers:
-        engine = worker.engine
-        engine.submit = timers.wrap("engine_submit", engine.submit)  # type: ignore[method-assign]
-        engine.advance = timers.wrap("engine_advance", engine.advance)  # type: ignore[method-assign]
+        worker.engine = _TimedEngine(worker.engine, timers)  # type: ignore[assignment]
         publisher = worker.publisher
         publisher.flush = timers.wrap("publisher_flush", publisher.flush)  # type: ignore[method-assign]
     for writer in sim.index.writers:

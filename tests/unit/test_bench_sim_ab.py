@@ -69,3 +69,22 @@ def test_an_unknown_revision_stops_with_one_line() -> None:
     assert done.returncode == 1
     assert done.stderr.startswith("cannot take revision 'no-such-rev'")
     assert "Traceback" not in done.stderr
+
+
+def test_an_exported_revisions_cython_modules_are_compiled_in_place(tmp_path: Path) -> None:
+    package = tmp_path / "shared" / "kvc_probe"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    source = "# cython: language_level=3\ndef answer():\n    return 42\n"
+    (package / "answer.pyx").write_text(source)
+    sim_ab.build_compiled(tmp_path / "shared")
+    probe = "import kvc_probe.answer as a; print(a.answer(), a.__file__)"
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={"PYTHONPATH": str(tmp_path / "shared")},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert out[0] == "42"
+    assert out[1].endswith(".so")
