@@ -33,7 +33,7 @@ STAMP="$VENV/.kvcompass-installed"
 if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
     "$VENV/bin/python" -m pip install --quiet -e "$ROOT[test]"
-    touch "$STAMP"
+    touch "$STAMP" "$VENV/.kvcompass-native"  # the install compiled the Cython modules
 fi
 # The Cython modules (shared/**/*.pyx) are compiled in place by the install; an edited
 # .pyx, or one without its compiled module, is built again (a stale module would run
