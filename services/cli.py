@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from kvcompass.topology import builtin_names
 
@@ -95,6 +96,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         # covers the short commands that do not (index-demo, sim agree, infra).
         print(f"{' '.join(['kvcompass', *argv[:1]])}: interrupted", file=sys.stderr)
         return 130
+    except ModuleNotFoundError as exc:
+        if not _unbuilt(exc):
+            raise
+        print(
+            f"kvcompass: {exc.name} is not compiled in this checkout; build it with "
+            "`pip install -e .` (./scripts/test and ./scripts/demo do)",
+            file=sys.stderr,
+        )
+        return 2
+
+
+def _unbuilt(exc: ModuleNotFoundError) -> bool:
+    """Whether ``exc`` names one of this checkout's Cython modules (a .pyx beside it)."""
+    name = exc.name or ""
+    if not name.startswith("kvcompass."):
+        return False
+    import kvcompass
+
+    package = Path(kvcompass.__file__).parent
+    return package.joinpath(*name.split(".")[1:]).with_suffix(".pyx").is_file()
 
 
 def _command(argv: list[str]) -> int:
