@@ -26,6 +26,20 @@ if [ -z "${KVC_VENV:-}" ] && [ -x "$VENV/bin/python" ]; then
         rm -rf "$VENV"
     fi
 fi
+# The Cython modules need a C compiler and the interpreter's headers (Debian: gcc and
+# python3-dev, installed here as redis-server is below).
+headers="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+if ! command -v cc >/dev/null 2>&1 || [ ! -f "$headers/Python.h" ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "== installing a C compiler and the Python headers (apt)" >&2
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc python3-dev >/dev/null
+    else
+        echo "error: compiling the Cython modules needs a C compiler (cc) and $headers/Python.h." \
+            "Install them (Debian/Ubuntu: sudo apt-get install -y gcc python3-dev)." >&2
+        exit 1
+    fi
+fi
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
