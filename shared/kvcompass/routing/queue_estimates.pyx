@@ -14,6 +14,7 @@ is C arrays; ``values`` and ``blocked`` stay Python lists, updated in place, bec
 every policy reads them. The signatures are in ``queue_estimates.pyi``.
 """
 
+from array import array
 from collections import deque
 
 from libc.math cimport INFINITY
@@ -124,12 +125,7 @@ cdef class QueueEstimates:
             self._reported_at[worker] = now
             self._sent_ns[worker] = sent
             self.blocked[worker] = 0.0
-            self.values[worker] = ms
-            if ms > 0.0:
-                self._zero[worker] = False
-            elif not self._zero[worker]:
-                self._zero[worker] = True
-                self._zero_since[worker] = now
+            self._set(worker, ms, now)
             applied += 1
         return applied
 
@@ -187,12 +183,8 @@ cdef class QueueEstimates:
 
 
 cdef double[::1] _doubles(Py_ssize_t n, double value):
-    from array import array
-
     return array("d", [value]) * n
 
 
 cdef int64_t[::1] _int64s(list values):
-    from array import array
-
     return array("q", values)

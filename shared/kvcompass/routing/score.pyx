@@ -60,8 +60,6 @@ cdef class JointScore:
     cdef double[::1] _wan
     cdef double[::1] _beta
     cdef unsigned char[::1] _remote
-    cdef tuple _local_turns
-    cdef tuple _remote_turns
     # The local workers, then the remote ones: tie_order's groups before rotation.
     cdef long long[::1] _groups
     cdef Py_ssize_t _n_local
@@ -103,10 +101,8 @@ cdef class JointScore:
         self._remote = bytearray(self.remote)
         # Stable sorts over a tie order break exact score ties local region first, then
         # by a rotating start within each group (see :meth:`tie_order`).
-        local = tuple([w for w in range(n) if not self.remote[w]])
-        remote = tuple([w for w in range(n) if self.remote[w]])
-        self._local_turns = _rotations(local)
-        self._remote_turns = _rotations(remote)
+        local = [w for w in range(n) if not self.remote[w]]
+        remote = [w for w in range(n) if self.remote[w]]
         self._groups = array("q", local + remote)
         self._n_local = len(local)
         self._order = _indices(n)
@@ -183,8 +179,8 @@ cdef class JointScore:
         region. Rotating the start per decision spreads equal workers evenly, as the
         Oracle does.
         """
-        local, remote = self._local_turns, self._remote_turns
-        return local[turn % len(local)] + remote[turn % len(remote)]
+        self._write_tie_order(turn)
+        return tuple([self._order[i] for i in range(self.n_workers)])
 
     def rank(self, scores, queues, Py_ssize_t top, Py_ssize_t turn=0):
         """Worker indices best first (the first ``top`` at least are exactly ordered).
@@ -204,17 +200,7 @@ cdef class JointScore:
         for i in range(n):
             keys[i] = s_list[i]
             qs[i] = q_list[i]
-        # The tie order (see tie_order), written in place.
-        cdef long long[::1] group = self._groups
-        cdef Py_ssize_t n_local = self._n_local, n_remote = n - n_local, start
-        if n_local:
-            start = turn % n_local
-            for i in range(n_local):
-                order[i] = group[(start + i) % n_local]
-        if n_remote:
-            start = turn % n_remote
-            for i in range(n_remote):
-                order[n_local + i] = group[n_local + (start + i) % n_remote]
+        self._write_tie_order(turn)
         _merge_sort(&order[0], &self._merge[0], &keys[0], &qs[0], &self._remote[0], n, False)
         cdef Py_ssize_t head = top + 1 if top + 1 < n else n
         for i in range(head - 1):
@@ -225,6 +211,21 @@ cdef class JointScore:
                 )
                 break
         return [order[i] for i in range(n)]
+
+    cdef void _write_tie_order(self, Py_ssize_t turn):
+        """The tie order for ``turn`` into ``_order``: each group of ``_groups``
+        rotated to start ``turn`` places on."""
+        cdef long long[::1] order = self._order
+        cdef long long[::1] group = self._groups
+        cdef Py_ssize_t i, start, n_local = self._n_local, n_remote = self.n_workers - n_local
+        if n_local:
+            start = turn % n_local
+            for i in range(n_local):
+                order[i] = group[(start + i) % n_local]
+        if n_remote:
+            start = turn % n_remote
+            for i in range(n_remote):
+                order[n_local + i] = group[n_local + (start + i) % n_remote]
 
     def candidates(
         self,
@@ -354,8 +355,3 @@ cdef void _merge_sort(
         width *= 2
     if src != order:
         memcpy(order, src, n * sizeof(long long))
-
-
-cdef tuple _rotations(tuple workers):
-    """``workers`` rotated to start at each of its places (one empty order if none)."""
-    return tuple([workers[k:] + workers[:k] for k in range(len(workers))]) or ((),)

@@ -200,19 +200,10 @@ cdef class EmulatedEngine:
         self.stream = stream
         self._clock = clock
         self._queue = deque()
-        self._queued_ms = 0.0
-        self._prefill_job = None
-        self._prefill_ends = 0.0
-        self._batch = []
-        self._joining = []
-        self._stepping = False
-        self._step_ends = 0.0
-        self._plain_steps = 0
-        self._counted = False
-        self._plain_until = 0.0
         self._copies = []
         self._emitted = []
         self._numbers = 0
+        self._drop_jobs()
 
     # -- inputs ----------------------------------------------------------------------
 
@@ -248,17 +239,24 @@ cdef class EmulatedEngine:
         dropped += self._batch + self._joining
         for sequence in dropped:
             (<Sequence>sequence).aborted = True
+        self._drop_jobs()
+        self.cache.clear()
+        return dropped
+
+    cdef void _drop_jobs(self):
+        """No job queued, prefilling, decoding or being copied."""
         self._queue.clear()
         self._queued_ms = 0.0
         self._prefill_job = None
+        self._prefill_ends = 0.0
         self._batch = []
         self._joining = []
         self._stepping = False
-        self._counted = False
+        self._step_ends = 0.0
         self._plain_steps = 0
+        self._counted = False
+        self._plain_until = 0.0
         self._copies.clear()
-        self.cache.clear()
-        return dropped
 
     # -- time ------------------------------------------------------------------------
 
