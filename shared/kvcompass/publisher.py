@@ -18,20 +18,16 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections import defaultdict
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
 from typing import Final
 
-import numpy as np
-
-from kvcompass.hashing import mix64
+from kvcompass.event_buffers import ShardEventBuffers
 from kvcompass.index.layout import Tier
-from kvcompass.keys import SHARD_SALT, Namespace, PrefixHasher, TokenIds, shard_of_array
+from kvcompass.keys import Namespace, PrefixHasher, TokenIds
 from kvcompass.levels import LevelPlan
 from kvcompass.pipeline.clock import Clock, SystemClock
 from kvcompass.topology import Worker
-from kvcompass.wire import EventKind, KVEvent, KVEventBatch, WireError, encode
+from kvcompass.wire import MAX_ITEMS, EventKind, KVEvent, KVEventBatch, WireError, encode
 
 __all__ = ["EventPublisher", "Send"]
 
@@ -55,25 +51,6 @@ def _valid_columns() -> dict[tuple[EventKind, Tier], tuple[int, int]]:
 
 
 _COLUMNS: Final = _valid_columns()
-
-
-@dataclass(slots=True)
-class _Pending:
-    """One shard's buffered events, as the batch columns they become."""
-
-    kinds: list[int] = field(default_factory=list)
-    tiers: list[int] = field(default_factory=list)
-    counts: list[int] = field(default_factory=list)
-    lengths: list[int] = field(default_factory=list)
-    keys: list[int] = field(default_factory=list)
-
-    def add(self, kind: int, tier: int, lengths: Sequence[int], keys: Sequence[int]) -> None:
-        """One event: a change's keys of this shard at their lengths."""
-        self.kinds.append(kind)
-        self.tiers.append(tier)
-        self.counts.append(len(keys))
-        self.lengths += lengths
-        self.keys += keys
 
 
 class EventPublisher:
@@ -113,14 +90,14 @@ class EventPublisher:
         self._hasher = PrefixHasher(self._lengths, namespace, plan.key_hash)
         self._hashers: dict[Namespace, PrefixHasher] = {}
         self._send = send
-        self._pending: dict[int, _Pending] = defaultdict(_Pending)
-        self._pending_keys = 0
+        self._buffers = ShardEventBuffers(n_shards, MAX_ITEMS)
+        # Batches numbered and not yet sent (a send raised): they go first next time.
+        self._unsent: list[KVEventBatch] = []
         self.incarnation = (
             random.SystemRandom().getrandbits(63) if incarnation is None else incarnation
         )
         self.next_seq = 0
         self._clock = clock or SystemClock()
-        shard_of_array(np.zeros(1, np.uint64), n_shards)  # load it now, not in a first change
 
     def admit(self, tokens: TokenIds, tier: Tier = Tier.VRAM) -> list[KVEventBatch]:
         return self.publish(EventKind.ADMIT, tokens, tier)
@@ -155,28 +132,16 @@ class EventPublisher:
         hasher = self._hasher if namespace is None else self._hasher_of(namespace)
         lengths = self._lengths if lengths is None else self._checked(lengths)
         kind_value, tier_value = columns
+        full = False
         if len(lengths) == 1:  # a demotion or an eviction: one length, one shard
             key = hasher.key_at(tokens, lengths[0])
             if key is not None:
-                shard = mix64(key ^ SHARD_SALT) % self.n_shards  # keys are 63-bit
-                self._pending[shard].add(kind_value, tier_value, lengths, (key,))
-                self._pending_keys += 1
+                full = self._buffers.add_one(kind_value, tier_value, lengths[0], key)
         else:
-            array = hasher.key_array_at(tokens, lengths)  # at the first len(keys) of lengths
-            keys = array.tolist()
-            by_shard: dict[int, tuple[list[int], list[int]]] = {}
-            for length, key, shard in zip(
-                lengths, keys, shard_of_array(array, self.n_shards).tolist(), strict=False
-            ):
-                group = by_shard.get(shard)
-                if group is None:
-                    by_shard[shard] = group = ([], [])
-                group[0].append(length)
-                group[1].append(key)
-            for shard, (lengths_of_shard, keys_of_shard) in by_shard.items():
-                self._pending[shard].add(kind_value, tier_value, lengths_of_shard, keys_of_shard)
-            self._pending_keys += len(keys)
-        if self._pending_keys >= self.max_buffered_keys:
+            keys = hasher.key_array_at(tokens, lengths)  # at the first len(keys) of lengths
+            full = self._buffers.add(kind_value, tier_value, lengths, keys)
+        # A shard's batch holds at most MAX_ITEMS events: "full" says one has that many.
+        if full or self._buffers.pending_keys >= self.max_buffered_keys:
             return self.flush()
         return []
 
@@ -201,11 +166,11 @@ class EventPublisher:
         """Drop every buffered event unsent; returns how many keys were dropped.
 
         For fault injection only (a worker whose updates are lost: the index keeps
-        claiming what it no longer holds); sequence numbers are not consumed.
+        claiming what it no longer holds). Buffered events have no sequence numbers yet;
+        batches a failed send left unsent are dropped too, their numbers unused.
         """
-        dropped = self._pending_keys
-        self._pending.clear()
-        self._pending_keys = 0
+        dropped = self._buffers.discard() + sum(batch.n_keys for batch in self._unsent)
+        self._unsent.clear()
         return dropped
 
     def announce(self) -> list[KVEventBatch]:
@@ -213,33 +178,38 @@ class EventPublisher:
         shard's maintenance unit learns of this incarnation now and drops what the
         worker's earlier runs cached there. Call it when the worker starts; a shard
         that never receives a change would otherwise keep those stale claims."""
-        for shard in range(self.n_shards):
-            self._pending.setdefault(shard, _Pending())
+        self._buffers.mark_all()
         return self.flush()
 
     def flush(self) -> list[KVEventBatch]:
-        """Send every buffered event: one batch per shard, in shard order."""
-        sent = []
+        """Send every buffered event: one batch per shard, in shard order.
+
+        A send that raises loses nothing: the batches it did not send keep their
+        sequence numbers and go first at the next flush (a shard still gets its batches
+        in order)."""
         now = self._clock.wall_ns()
-        for shard in sorted(self._pending):
-            pending = self._pending[shard]
-            batch = KVEventBatch.from_lists(
+        for shard, kinds, tiers, counts, lengths, keys in self._buffers.take():
+            batch = KVEventBatch.from_valid_columns(
                 self.worker.id,
                 self.worker.region,
                 self.next_seq,
                 shard,
                 now,
-                kinds=pending.kinds,
-                tiers=pending.tiers,
-                counts=pending.counts,
-                lengths=pending.lengths,
-                keys=pending.keys,
+                kinds=kinds,
+                tiers=tiers,
+                counts=counts,
+                lengths=lengths,
+                keys=keys,
                 worker_incarnation=self.incarnation,
             )
             self.next_seq += 1
-            if self._send is not None:
-                self._send(shard, encode(batch))
-            sent.append(batch)
-        self._pending.clear()
-        self._pending_keys = 0
+            self._unsent.append(batch)
+        sent: list[KVEventBatch] = []
+        try:
+            for batch in self._unsent:
+                if self._send is not None:
+                    self._send(batch.shard, encode(batch))
+                sent.append(batch)
+        finally:
+            del self._unsent[: len(sent)]
         return sent

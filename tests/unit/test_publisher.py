@@ -11,7 +11,7 @@ from kvcompass.levels import plan_levels
 from kvcompass.pipeline.clock import ManualClock
 from kvcompass.publisher import EventPublisher
 from kvcompass.topology import load_builtin
-from kvcompass.wire import EventKind, KVEventBatch, WireError, decode
+from kvcompass.wire import MAX_ITEMS, EventKind, KVEventBatch, WireError, decode
 
 TOPOLOGY = load_builtin("testbed-3region")
 WORKER = TOPOLOGY.workers[0]
@@ -141,3 +141,42 @@ def test_kind_and_tier_given_as_ints_are_published_as_their_enums() -> None:
     events = [e for b in bare.flush() for e in b.events]
     assert events
     assert {(e.kind, e.tier) for e in events} == {(EventKind.TIER, Tier.DRAM)}
+
+
+def test_a_send_that_raises_loses_no_batch_and_keeps_each_shards_order() -> None:
+    """The batches a failed send left go first at the next flush, with their numbers."""
+    sent: list[tuple[int, bytes]] = []
+    calls = 0
+
+    def flaky(shard: int, data: bytes) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise BufferError("local queue full")
+        sent.append((shard, data))
+
+    pub = EventPublisher(
+        WORKER, PLAN, OWN, 4, flaky, max_buffered_keys=1 << 20, incarnation=7, clock=ManualClock()
+    )
+    pub.admit(TOKENS)
+    with pytest.raises(BufferError):
+        pub.flush()
+    assert len(sent) == 1
+    pub.admit(TOKENS[:3000], Tier.DRAM)
+    again = pub.flush()
+    seqs = [decode(data, KVEventBatch).worker_seq for _, data in sent]
+    assert seqs == list(range(len(seqs)))  # every number once, in order: none lost
+    assert [b.worker_seq for b in again] == seqs[1:]
+    unbroken: list[tuple[int, bytes]] = []
+    publisher(unbroken).admit(TOKENS)
+    assert keys_sent(unbroken) <= keys_sent(sent)
+
+
+def test_a_shard_never_gets_more_events_than_a_batch_may_hold() -> None:
+    pub = EventPublisher(WORKER, PLAN, OWN, 1, None, 1 << 30, incarnation=7, clock=ManualClock())
+    length = PLAN.registration_lengths[WORKER.region][0]
+    flushed = []
+    for _ in range(MAX_ITEMS + 1):
+        flushed += pub.publish(EventKind.EVICT, TOKENS, Tier.ABSENT, lengths=(length,))
+    flushed += pub.flush()
+    assert [len(b.kind_array) for b in flushed] == [MAX_ITEMS, 1]

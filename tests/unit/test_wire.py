@@ -663,33 +663,6 @@ def test_decoded_columns_agree_with_the_per_event_checks(
     assert decode(pack(raw), KVEventBatch).events == want
 
 
-@given(raw_columns())
-@settings(max_examples=300)
-def test_from_lists_checks_like_decode(
-    columns: tuple[list[int], list[int], list[int], list[int], list[int]],
-) -> None:
-    kinds, tiers, counts, lengths, keys = columns
-    raw = raw_with_columns(columns)
-
-    def build() -> KVEventBatch:
-        return KVEventBatch.from_lists(
-            "w", "r", 0, 0, 0, kinds=kinds, tiers=tiers, counts=counts, lengths=lengths, keys=keys
-        )
-
-    try:
-        decoded = decode(pack(raw), KVEventBatch)
-    except WireError as exc:
-        error = exc
-    else:
-        built = build()
-        assert built.events == decoded.events
-        assert all(not a.flags.writeable for a in columns_of(built).values())
-        return
-    with pytest.raises(WireError) as info:
-        build()
-    assert (info.value.field, info.value.message) == (error.field, error.message)
-
-
 # -- decoded patches drive a real view ------------------------------------------------
 
 

@@ -23,24 +23,19 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-from numpy.typing import NDArray
-
 from kvcompass.errors import BadInput, ConfigError, InvariantBroken
 from kvcompass.index.errors import SnapshotError
 from kvcompass.index.layout import IndexLayout
-from kvcompass.index.shard_tables import ShardTables, first_foreign
+from kvcompass.index.shard_tables import ShardTables
 from kvcompass.keys import shard_of
 from kvcompass.pipeline.clock import Clock
 from kvcompass.pipeline.sequences import Admission, WorkerSequences
+from kvcompass.pipeline.staging import StagedWrites
 from kvcompass.snapshot import ShardSnapshot, SnapshotMeta
 from kvcompass.topology import Topology
 from kvcompass.wire import KVEventBatch, PatchBatch, TablePatchWire, TableReload
 
 __all__ = ["BadEvent", "PersistSnapshot", "ShardWriter", "Takeover"]
-
-#: One batch's writes to a table: keys, bits to clear, bits to set.
-_Writes = tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.uint64]]
 
 #: Stores a snapshot and returns the key edges load a grown table's view from.
 PersistSnapshot = Callable[[ShardSnapshot], str]
@@ -108,8 +103,8 @@ class ShardWriter:
         self.patches_offset = 0
         self._flushed_offset = -1
         self._generations: dict[int, int] = {}
-        # Per table, the (keys, clear, bits) that stage() accepted and nothing wrote yet.
-        self._staged: dict[int, list[_Writes]] = {}
+        # Per table, the writes that stage() accepted and nothing wrote yet.
+        self._staged = StagedWrites(len(self.layout.tables), n_shards, shard)
         self._taken_over = False
         self._broken: str | None = None
         self.applied_keys = 0
@@ -271,15 +266,9 @@ class ShardWriter:
             self.write_staged()
             self.restart_cleared_keys += self.tables.clear_worker(self._workers[batch.worker_id][0])
         keys = batch.key_array
-        if len(keys):
-            shift = 2 * field
-            tiers = batch.tier_array
-            if len(tiers) == 1:  # the usual batch: one event, one tier (no np.repeat)
-                bits = _filled(len(keys), int(tiers[0]) << shift)
-            else:
-                bits = batch.key_tiers().astype(np.uint64) << np.uint64(shift)
-            clear = _filled(len(keys), 3 << shift)
-            self._staged.setdefault(table_id, []).append((keys, clear, bits))
+        # Checked columns: keys of a checked batch that passed _check (63-bit, of this
+        # shard), checked tiers, in the worker's field.
+        self._staged.add(table_id, field, keys, batch.tier_array, batch.count_array)
         self.applied_keys += len(keys)
         self.restarts += admission is Admission.RESTART
         self.sequences.record(*worker)
@@ -293,15 +282,7 @@ class ShardWriter:
         """
         self._check_usable()
         try:
-            for table_id, parts in self._staged.items():
-                if len(parts) == 1:
-                    keys, clear, bits = parts[0]
-                else:
-                    keys, clear, bits = (
-                        np.concatenate(column) for column in zip(*parts, strict=True)
-                    )
-                # Checked columns: keys of a checked batch that passed _check (63-bit,
-                # of this shard), bits of a checked tier in the worker's field.
+            for table_id, keys, clear, bits in self._staged.take():
                 self.tables.write_columns(table_id, keys, clear, bits, checked=True)
         except InvariantBroken as exc:
             self._broken = f"write to shard {self.shard} failed: {exc}"
@@ -309,8 +290,6 @@ class ShardWriter:
         except Exception as exc:
             self._broken = f"write to shard {self.shard} failed: {exc!r}"
             raise InvariantBroken(self._broken) from exc
-        finally:
-            self._staged.clear()
 
     def skip(self, offset: int) -> None:
         """Account for an offset whose message was dead-lettered."""
@@ -328,7 +307,7 @@ class ShardWriter:
             raise BadEvent(f"worker {batch.worker_id!r} is in {region!r}, not {batch.region!r}")
         # A batch's tiers already match its kinds (KVEventBatch refuses anything else).
         keys = batch.key_array
-        j = first_foreign(keys, self.n_shards, self.shard)
+        j = self._staged.first_foreign(keys)
         if j >= 0:
             owner = shard_of(int(keys[j]), self.n_shards)
             raise BadEvent(
@@ -425,11 +404,3 @@ class ShardWriter:
             topology_digest=self.topology_digest,
         )
         return ShardSnapshot(meta, views, key_images)
-
-
-def _filled(n: int, value: int) -> NDArray[np.uint64]:
-    """``np.full(n, value, np.uint64)`` at under half its cost for a batch's few keys
-    (np.full is a Python function around copyto)."""
-    column = np.empty(n, dtype=np.uint64)
-    column.fill(value)
-    return column

@@ -24,7 +24,6 @@ __all__ = [
     "EventColumns",
     "check_columns",
     "columns_of",
-    "columns_of_lists",
     "events_of",
     "events_valid",
     "own_columns",
@@ -124,35 +123,6 @@ def own_columns(arrays: Sequence[object]) -> EventColumns:
         copies.append(_frozen(np.array(array, dtype=dtype)))
     columns = EventColumns(*copies)
     check_columns(columns)
-    return columns
-
-
-def columns_of_lists(
-    kinds: list[int], tiers: list[int], counts: list[int], lengths: list[int], keys: list[int]
-) -> EventColumns:
-    """Columns built from lists of ints, checked like decoded ones. A value that does not
-    fit its column's dtype raises OverflowError (numpy's)."""
-    # Written out, not looped over COLUMNS: the batch is usually a few keys, and the loop
-    # cost a third of the call.
-    columns = EventColumns(
-        _frozen(np.array(kinds, dtype=_KIND_T)),
-        _frozen(np.array(tiers, dtype=_TIER_T)),
-        _frozen(np.array(counts, dtype=_COUNT_T)),
-        _frozen(np.array(lengths, dtype=_LENGTH_T)),
-        _frozen(np.array(keys, dtype=_KEY_T)),
-    )
-    # check_columns' conditions, on the lists: numpy calls on a batch of a few keys cost
-    # more than Python's; check_columns runs only to name what is wrong.
-    n = len(kinds)
-    if not (
-        n <= MAX_ITEMS
-        and len(tiers) == n == len(counts)
-        and events_valid(bytes(kinds), bytes(tiers))
-        and len(lengths) == len(keys) == sum(counts)
-        and (not keys or (min(lengths) > 0 and max(keys) <= I64_MAX))
-    ):
-        check_columns(columns)
-        raise AssertionError("the list and column checks of an event batch disagree")
     return columns
 
 

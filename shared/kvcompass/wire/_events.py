@@ -26,7 +26,6 @@ from kvcompass.wire._event_columns import (
     EventColumns,
     check_columns,
     columns_of,
-    columns_of_lists,
     events_of,
     own_columns,
 )
@@ -136,7 +135,7 @@ class KVEventBatch(WireMessage):
         )
 
     @classmethod
-    def from_lists(
+    def from_valid_columns(
         cls,
         worker_id: str,
         region: str,
@@ -144,20 +143,20 @@ class KVEventBatch(WireMessage):
         shard: int,
         sent_at_ns: int,
         *,
-        kinds: list[int],
-        tiers: list[int],
-        counts: list[int],
-        lengths: list[int],
-        keys: list[int],
+        kinds: NDArray[np.uint8],
+        tiers: NDArray[np.uint8],
+        counts: NDArray[np.uint32],
+        lengths: NDArray[np.uint32],
+        keys: NDArray[np.uint64],
         worker_incarnation: int = 0,
     ) -> KVEventBatch:
-        """:meth:`from_columns` of the same columns given as lists of ints (a publisher
-        collects them so); a value that does not fit its column's dtype raises
-        OverflowError. Checked like decoded batches, at a fraction of the cost for a
-        batch of a few keys."""
+        """:meth:`from_columns` of columns valid by construction: read-only, in the wire
+        dtypes, passing every check a decoded batch's columns pass (a publisher's
+        :class:`~kvcompass.event_buffers.ShardEventBuffers` builds them so). They are
+        kept as they are, neither copied nor checked; the header is checked."""
         return cls._of(
             (worker_id, region, worker_seq, shard, sent_at_ns, worker_incarnation),
-            columns_of_lists(kinds, tiers, counts, lengths, keys),
+            EventColumns(kinds, tiers, counts, lengths, keys),
         )
 
     @classmethod

@@ -1,0 +1,154 @@
+# cython: language_level=3, boundscheck=True, wraparound=False, initializedcheck=False
+# cython: embedsignature=True, binding=True, auto_pickle=False
+# distutils: extra_compile_args = -O2 -ffp-contract=off
+"""A shard writer's accepted writes, per table, waiting for one kernel call per table.
+
+A maintenance unit reads several event batches at once, each often a few keys; a
+table's writes are staged as they are accepted and written together. Every key of a
+batch becomes ``value := (value & ~clear) | bits`` with ``clear`` the worker's 2-bit
+field and ``bits`` its event's tier in that field. Staging appends the key and both
+masks to the table's columns in C, where numpy built two filled arrays per batch and
+concatenated them per table; the shard check of a batch's keys runs here too.
+"""
+
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport calloc, free
+
+import numpy as np
+
+from kvcompass.shard_hash cimport shard_of_key
+
+__all__ = ["StagedWrites"]
+
+
+cdef class StagedWrites:
+    """Staged writes of the ``n_tables`` tables of shard ``shard`` of ``n_shards``."""
+
+    cdef list _arrays  # per table: its keys, clear and bits columns (numpy, with room)
+    cdef uint64_t** _columns  # per table, 3 pointers: into those arrays' data
+    cdef Py_ssize_t* _sizes  # per table: staged writes
+    cdef Py_ssize_t* _capacity  # per table
+    cdef Py_ssize_t* _order  # tables in the order of their first staged write
+    cdef Py_ssize_t _n_order
+    cdef Py_ssize_t _n_tables
+    cdef uint64_t _n_shards
+    cdef Py_ssize_t _shard
+
+    def __init__(self, Py_ssize_t n_tables, Py_ssize_t n_shards, Py_ssize_t shard):
+        if self._sizes != NULL:
+            raise RuntimeError("StagedWrites.__init__ runs once")
+        if n_tables < 1 or n_shards < 1 or not 0 <= shard < n_shards:
+            raise ValueError(f"{n_tables} tables, shard {shard} of {n_shards}")
+        self._columns = <uint64_t**>calloc(3 * n_tables, sizeof(uint64_t*))
+        self._sizes = <Py_ssize_t*>calloc(n_tables, sizeof(Py_ssize_t))
+        self._capacity = <Py_ssize_t*>calloc(n_tables, sizeof(Py_ssize_t))
+        self._order = <Py_ssize_t*>calloc(n_tables, sizeof(Py_ssize_t))
+        if (
+            self._columns == NULL or self._sizes == NULL
+            or self._capacity == NULL or self._order == NULL
+        ):
+            raise MemoryError()
+        self._arrays = [None] * n_tables
+        self._n_tables = n_tables
+        self._n_shards = <uint64_t>n_shards
+        self._shard = shard
+
+    def __dealloc__(self):
+        free(self._columns)
+        free(self._sizes)
+        free(self._capacity)
+        free(self._order)
+
+    def first_foreign(self, const uint64_t[:] keys):
+        """Index of the first of ``keys`` not of this shard (:func:`kvcompass.keys.shard_of`),
+        -1 if every key is: the one check of every batch a shard's writer accepts."""
+        cdef Py_ssize_t j
+        for j in range(keys.shape[0]):
+            if shard_of_key(keys[j], self._n_shards) != self._shard:
+                return j
+        return -1
+
+    def add(
+        self,
+        Py_ssize_t table_id,
+        int field,
+        const uint64_t[:] keys,
+        const uint8_t[:] tiers,
+        const uint32_t[:] counts,
+    ):
+        """Stage a checked batch's keys for ``table_id``, the worker's ``field`` there:
+        ``counts[i]`` consecutive keys take ``tiers[i]`` (the batch's columns)."""
+        cdef Py_ssize_t n = keys.shape[0]
+        cdef Py_ssize_t size, i, j = 0, end
+        cdef uint64_t* staged_keys
+        cdef uint64_t* staged_clear
+        cdef uint64_t* staged_bits
+        cdef int shift = 2 * field
+        cdef uint64_t clear = 3ULL << shift
+        cdef uint64_t bits
+        if not 0 <= table_id < self._n_tables:
+            raise ValueError(f"no table {table_id}")
+        if not 0 <= shift <= 62:
+            raise ValueError(f"no field {field} in a 64-bit value")
+        if tiers.shape[0] != counts.shape[0]:
+            raise ValueError(f"{tiers.shape[0]} tiers but {counts.shape[0]} key counts")
+        for i in range(tiers.shape[0]):
+            if tiers[i] > 3:
+                raise ValueError(f"tier {tiers[i]} does not fit a 2-bit field")
+            j += counts[i]
+        if j != n:
+            raise ValueError(f"key counts add up to {j}, but there are {n} keys")
+        if n == 0:
+            return
+        self._reserve(table_id, n)
+        size = self._sizes[table_id]
+        if size == 0:
+            self._order[self._n_order] = table_id
+            self._n_order += 1
+        staged_keys = self._columns[3 * table_id] + size
+        staged_clear = self._columns[3 * table_id + 1] + size
+        staged_bits = self._columns[3 * table_id + 2] + size
+        j = 0
+        for i in range(tiers.shape[0]):
+            bits = (<uint64_t>tiers[i]) << shift
+            end = j + counts[i]
+            while j < end:
+                staged_keys[j] = keys[j]
+                staged_clear[j] = clear
+                staged_bits[j] = bits
+                j += 1
+        self._sizes[table_id] = size + n
+
+    cdef int _reserve(self, Py_ssize_t table_id, Py_ssize_t more) except -1:
+        cdef Py_ssize_t size = self._sizes[table_id]
+        cdef Py_ssize_t capacity = self._capacity[table_id]
+        cdef uint64_t[::1] data
+        cdef int c
+        if size + more <= capacity:
+            return 0
+        capacity = max(64, 2 * capacity, size + more)
+        old = self._arrays[table_id]
+        new = tuple(np.empty(capacity, dtype=np.uint64) for _ in range(3))
+        for c in range(3):
+            if size:
+                new[c][:size] = old[c][:size]
+            data = new[c]
+            self._columns[3 * table_id + c] = &data[0]
+        self._arrays[table_id] = new
+        self._capacity[table_id] = capacity
+        return 0
+
+    def take(self):
+        """Every table's staged writes, tables in the order of their first staged write:
+        a list of ``(table_id, keys, clear, bits)``, writable uint64 arrays that share
+        the buffers (valid until the next :meth:`add`). Nothing is staged after."""
+        cdef Py_ssize_t k, table_id, size
+        taken = []
+        for k in range(self._n_order):
+            table_id = self._order[k]
+            size = self._sizes[table_id]
+            self._sizes[table_id] = 0
+            keys, clear, bits = self._arrays[table_id]
+            taken.append((table_id, keys[:size], clear[:size], bits[:size]))
+        self._n_order = 0
+        return taken
