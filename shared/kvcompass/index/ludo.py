@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 
 from kvcompass.hashing import MASK64
 from kvcompass.index import kernel
+from kvcompass.index.addresses import address_of
 from kvcompass.index.errors import IndexCorrupt, SnapshotError, TableFull
 from kvcompass.index.geometry import DEFAULT_LOAD_LIMIT, TableGeometry
 from kvcompass.index.image import (
@@ -32,7 +33,8 @@ from kvcompass.index.image import (
 )
 from kvcompass.index.kernel import MAX_CUCKOO_MOVES, TableArrays
 from kvcompass.index.othello import OthelloGraph
-from kvcompass.index.patches import BucketImages, OthelloReset, TablePatch, WordImages
+from kvcompass.index.patch_copy import take_dirty
+from kvcompass.index.patches import OthelloReset, TablePatch, WordImages
 from kvcompass.index.seeds import find_seeds_array
 
 __all__ = ["MAX_CUCKOO_MOVES", "LudoTable", "compile_write_kernel"]
@@ -41,8 +43,6 @@ __all__ = ["MAX_CUCKOO_MOVES", "LudoTable", "compile_write_kernel"]
 _OTHELLO_ATTEMPTS = 16
 _EMPTY = -1
 #: Results for "nothing dirty", shared by every patch (so empty and read-only).
-_NO_BUCKETS = np.zeros(0, dtype=np.int64)
-_NO_BUCKETS.setflags(write=False)
 _NO_WORDS = WordImages()
 _NO_WORDS.values.setflags(write=False)
 
@@ -121,9 +121,16 @@ class LudoTable:
         self._othello = OthelloGraph(g.n_nodes, g.n_words, g.capacity)
         # Valid while self._t and self._othello keep their arrays (until the next reset).
         self._write_desc = kernel.write_descriptor(self._t, self._othello.arrays)
-        # Per-bucket rows of the cells and fingerprints, made once for every patch.
-        self._cell_rows = self._t.cells.reshape(-1, 4)
-        self._fp_rows = fps.reshape(-1, 4) if g.fingerprint_bits else None
+        # Where a patch's cell and fingerprint rows come from (kvcompass.index.patch_copy).
+        cells = self._t.cells
+        self._patch_source = (
+            address_of(cells),
+            cells.itemsize,
+            cells.dtype,
+            address_of(fps),
+            fps.itemsize if g.fingerprint_bits else 0,
+            fps.dtype,
+        )
         self._geo = kernel.geometry_vector(g)
         self._value_mask = g.value_mask
         self._othello_reset = False
@@ -359,8 +366,7 @@ class LudoTable:
         self._rebuild_othello()
         rest = ~placed
         self._apply(keys[rest], np.full(int(rest.sum()), self._value_mask, np.uint64), values[rest])
-        self._take_dirty_buckets()
-        self._othello.take_dirty_words()
+        self._forget_dirty()
         self._othello_reset = False
 
     def _write_buckets(
@@ -448,39 +454,18 @@ class LudoTable:
         if self._reload_pending:
             self._reload_pending = False
             self._othello_reset = False
-            self._take_dirty_buckets()
-            othello.take_dirty_words()
+            self._forget_dirty()
             return TablePatch(g.generation, reload=self.view_image())
         reset = None
-        words = _NO_WORDS
-        dirty_words = othello.take_dirty_words()
         if self._othello_reset:
             reset = OthelloReset(g.othello_seed, othello.words.tobytes())
             self._othello_reset = False
-        elif len(dirty_words):
-            words = WordImages(dirty_words, othello.words[dirty_words])
-        buckets = None
-        b = self._take_dirty_buckets()
-        if len(b):
-            fp_rows = self._fp_rows
-            buckets = BucketImages(
-                b,
-                self._t.seeds[b],
-                self._cell_rows[b],
-                None if fp_rows is None else fp_rows[b],
-            )
-        return TablePatch(g.generation, buckets, words, reset)
+        buckets, words = take_dirty(self._write_desc, *self._patch_source, reset is None)
+        return TablePatch(g.generation, buckets, _NO_WORDS if words is None else words, reset)
 
-    def _take_dirty_buckets(self) -> NDArray[np.int64]:
-        """Buckets written since the last call (each once), and forget them."""
-        t = self._t
-        n = int(t.state[1])
-        if not n:
-            return _NO_BUCKETS
-        buckets = t.dirty_buckets[:n].copy()
-        t.bucket_dirty[buckets] = 0
-        t.state[1] = 0
-        return buckets
+    def _forget_dirty(self) -> None:
+        """Clear the dirty buckets and words: a reload carries the whole table."""
+        take_dirty(self._write_desc, *self._patch_source, False)
 
     # -- images and snapshots ---------------------------------------------------------
 

@@ -26,6 +26,7 @@ from kvcompass.index.image import (
     open_image,
     seal,
 )
+from kvcompass.index.patch_copy import apply_images
 from kvcompass.index.patches import TablePatch
 
 __all__ = ["LudoView"]
@@ -103,7 +104,24 @@ class LudoView:
         # per binding, so a holder of the row tells a new buffer or new seeds by identity.
         self.descriptor = np.zeros(probe.N_COLUMNS, np.uint64)
         LudoView.bindings += 1
-        probe.describe(self.descriptor, np.frombuffer(buf, np.uint8, 1).ctypes.data, g, layout)
+        base = np.frombuffer(buf, np.uint8, 1).ctypes.data
+        probe.describe(self.descriptor, base, g, layout)
+        # Where patch images land (kvcompass.index.patch_copy); None: a read-only buffer,
+        # which only numpy's scatter may refuse to write.
+        self._patch_target = (
+            (
+                base + layout.seeds,
+                base + layout.cells,
+                base + layout.words,
+                base + layout.fingerprints if layout.fingerprint_itemsize else 0,
+                layout.cell_itemsize,
+                layout.fingerprint_itemsize,
+                g.nb,
+                g.n_words,
+            )
+            if self._cells.flags.writeable
+            else None
+        )
         self._scalar = (
             g.bucket_seed,
             g.othello_seed,
@@ -178,10 +196,13 @@ class LudoView:
             g = self.geometry.with_othello_seed(reset.othello_seed)
             self._buf[:HEADER_SIZE] = ImageHeader(ImageKind.VIEW, g, 0, 0, 0).pack()
             self._bind(g)
-        if len(patch.words):
-            self._words[patch.words.indices] = patch.words.values
-        images = patch.buckets
-        if images is not None and len(images):
+        words = patch.words if len(patch.words) else None
+        images = patch.buckets if patch.buckets is not None and len(patch.buckets) else None
+        if self._patch_target is not None and apply_images(self._patch_target, images, words):
+            return
+        if words is not None:
+            self._words[words.indices] = words.values
+        if images is not None:
             b = images.buckets
             self._seeds[b] = images.seeds
             self._cell_rows[b] = images.cells
