@@ -34,6 +34,9 @@ __all__ = ["EventPublisher", "Send"]
 #: Delivers one encoded batch to a shard's partition of ``kvc.events``.
 Send = Callable[[int, bytes], None]
 
+#: The latest ``sent_at_ns`` a batch can carry.
+_LATEST_NS: Final = (1 << 63) - 1
+
 #: Namespaces whose hashers are kept before the publisher forgets them all.
 _MAX_HASHERS = 4096
 
@@ -80,6 +83,14 @@ class EventPublisher:
         incarnation: int | None = None,
         clock: Clock | None = None,
     ) -> None:
+        self.incarnation = (
+            random.SystemRandom().getrandbits(63) if incarnation is None else incarnation
+        )
+        # Every batch's header is these fields, a shard below n_shards, a sequence number
+        # and a clock reading: checked here once (WireError), not per batch.
+        KVEventBatch(
+            worker.id, worker.region, 0, n_shards - 1, 0, worker_incarnation=self.incarnation
+        )
         self.worker = worker
         self.namespace = namespace
         self.n_shards = n_shards
@@ -93,9 +104,6 @@ class EventPublisher:
         self._buffers = ShardEventBuffers(n_shards, MAX_ITEMS)
         # Batches numbered and not yet sent (a send raised): they go first next time.
         self._unsent: list[KVEventBatch] = []
-        self.incarnation = (
-            random.SystemRandom().getrandbits(63) if incarnation is None else incarnation
-        )
         self.next_seq = 0
         self._clock = clock or SystemClock()
 
@@ -188,6 +196,8 @@ class EventPublisher:
         sequence numbers and go first at the next flush (a shard still gets its batches
         in order)."""
         now = self._clock.wall_ns()
+        if not 0 <= now <= _LATEST_NS:
+            raise ValueError(f"the clock reads {now} ns, outside 0..2^63-1")
         for shard, kinds, tiers, counts, lengths, keys in self._buffers.take():
             batch = KVEventBatch.from_valid_columns(
                 self.worker.id,

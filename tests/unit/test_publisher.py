@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -180,3 +182,25 @@ def test_a_shard_never_gets_more_events_than_a_batch_may_hold() -> None:
         flushed += pub.publish(EventKind.EVICT, TOKENS, Tier.ABSENT, lengths=(length,))
     flushed += pub.flush()
     assert [len(b.kind_array) for b in flushed] == [MAX_ITEMS, 1]
+
+
+@pytest.mark.parametrize(
+    ("worker_id", "n_shards", "incarnation", "field"),
+    [("", 4, 7, "worker_id"), ("w", 1 << 32, 7, "shard"), ("w", 4, -1, "worker_incarnation")],
+)
+def test_a_header_no_batch_could_carry_is_refused_at_construction(
+    worker_id: str, n_shards: int, incarnation: int, field: str
+) -> None:
+    """Batches take their header unchecked: what could break it is checked up front."""
+    worker = dataclasses.replace(WORKER, id=worker_id)
+    with pytest.raises(WireError) as info:
+        EventPublisher(worker, PLAN, OWN, n_shards, None, incarnation=incarnation)
+    assert info.value.field == field
+
+
+def test_a_clock_outside_the_wire_range_stops_the_flush() -> None:
+    clock = ManualClock(wall_ns=-5)
+    pub = EventPublisher(WORKER, PLAN, OWN, 4, None, 1 << 20, incarnation=7, clock=clock)
+    pub.admit(TOKENS)
+    with pytest.raises(ValueError, match="clock reads -5"):
+        pub.flush()

@@ -866,3 +866,32 @@ def test_patch_batches_carry_only_table_patches_or_reloads() -> None:
     batch = writer.flush(Store().persist)
     assert batch is not None
     assert all(isinstance(t.patch, TablePatch | TableReload) for t in batch.tables)
+
+
+@pytest.mark.parametrize(("shard", "owner"), [(0, "g" * 201), (-1, OWNER)])
+def test_a_writer_whose_patch_batches_could_not_travel_is_refused_at_start(
+    shard: int, owner: str
+) -> None:
+    """Its batches carry shard and owner unchecked: what could break them is checked up
+    front, as a configuration error."""
+    with pytest.raises(ConfigError, match=f"shard writer {shard}"):
+        ShardWriter(shard, N_SHARDS, TOPOLOGY, owner=owner, clock=ManualClock())
+
+
+def test_a_clock_outside_the_wire_range_stops_the_flush_before_anything_is_taken() -> None:
+    writer = _writer()
+    publisher = EventPublisher(
+        TOPOLOGY.workers[0], plan_levels(TOPOLOGY), Namespace("m"), N_SHARDS, None,
+        1 << 20, incarnation=1, clock=ManualClock(),
+    )  # fmt: skip
+    publisher.admit(_prompt(np.random.default_rng(0)))
+    for events in publisher.flush():
+        if events.shard == 0:
+            writer.apply(events, 0)
+    writer._clock = ManualClock(wall_ns=-1)
+    with pytest.raises(ValueError, match="clock reads -1"):
+        writer.flush()
+    writer._clock = ManualClock(wall_ns=T0)
+    batch = writer.flush()
+    assert batch is not None
+    assert batch.tables  # the patches were still there to take

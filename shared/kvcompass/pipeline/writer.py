@@ -33,9 +33,12 @@ from kvcompass.pipeline.sequences import Admission, WorkerSequences
 from kvcompass.pipeline.staging import StagedWrites
 from kvcompass.snapshot import ShardSnapshot, SnapshotMeta
 from kvcompass.topology import Topology
-from kvcompass.wire import KVEventBatch, PatchBatch, TablePatchWire, TableReload
+from kvcompass.wire import KVEventBatch, PatchBatch, TablePatchWire, TableReload, WireError
 
 __all__ = ["BadEvent", "PersistSnapshot", "ShardWriter", "Takeover"]
+
+#: The latest ``produced_at_ns`` a patch batch can carry.
+_LATEST_NS = (1 << 63) - 1
 
 #: Stores a snapshot and returns the key edges load a grown table's view from.
 PersistSnapshot = Callable[[ShardSnapshot], str]
@@ -85,6 +88,11 @@ class ShardWriter:
         initial_capacity: int = 4096,
         rng: random.Random | None = None,
     ) -> None:
+        try:  # the fields every patch batch carries unchecked (PatchBatch.of_writer)
+            PatchBatch(shard=shard, epoch=0, seq=0, events_from=0, events_to=-1,
+                       produced_at_ns=0, owner=owner)  # fmt: skip
+        except WireError as exc:
+            raise ConfigError(f"shard writer {shard} of {owner!r}: {exc}") from exc
         self.shard = shard
         self.n_shards = n_shards
         self.owner = owner
@@ -336,6 +344,9 @@ class ShardWriter:
         travels as a :class:`TableReload` naming a snapshot ``persist`` stored first; if
         ``persist`` raises, nothing was taken and the next flush tries again.
         """
+        now = self._clock.wall_ns()
+        if not 0 <= now <= _LATEST_NS:  # before anything is taken: the next flush retries
+            raise ValueError(f"the clock reads {now} ns, outside 0..2^63-1")
         self.write_staged()
         seq = self.next_seq
         tables, seen = self.tables.tables, self._generations
@@ -357,15 +368,15 @@ class ShardWriter:
             seen[t] = tables[t].geometry.generation
         if not patches and self.events_offset == self._flushed_offset:
             return None
-        batch = PatchBatch(
-            shard=self.shard,
-            epoch=self.epoch,
-            seq=seq,
-            events_from=self._flushed_offset + 1,
-            events_to=self.events_offset,
-            produced_at_ns=self._clock.wall_ns(),
-            tables=tuple(patches),
-            owner=self.owner,
+        batch = PatchBatch.of_writer(
+            self.shard,
+            self.epoch,
+            seq,
+            self._flushed_offset + 1,
+            self.events_offset,
+            now,
+            tuple(patches),
+            self.owner,
         )
         self.next_seq = seq + 1
         self._flushed_offset = self.events_offset

@@ -150,14 +150,22 @@ class KVEventBatch(WireMessage):
         keys: NDArray[np.uint64],
         worker_incarnation: int = 0,
     ) -> KVEventBatch:
-        """:meth:`from_columns` of columns valid by construction: read-only, in the wire
-        dtypes, passing every check a decoded batch's columns pass (a publisher's
-        :class:`~kvcompass.event_buffers.ShardEventBuffers` builds them so). They are
-        kept as they are, neither copied nor checked; the header is checked."""
-        return cls._of(
-            (worker_id, region, worker_seq, shard, sent_at_ns, worker_incarnation),
-            EventColumns(kinds, tiers, counts, lengths, keys),
-        )
+        """:meth:`from_columns` of a header and columns valid by construction, neither
+        copied nor checked: the columns read-only, in the wire dtypes, passing every
+        check a decoded batch's pass (a publisher's
+        :class:`~kvcompass.event_buffers.ShardEventBuffers` builds them so), the header
+        fields within their ranges (a publisher checks its worker's once)."""
+        batch = object.__new__(cls)
+        put = object.__setattr__
+        put(batch, "worker_id", worker_id)
+        put(batch, "region", region)
+        put(batch, "worker_seq", worker_seq)
+        put(batch, "shard", shard)
+        put(batch, "sent_at_ns", sent_at_ns)
+        put(batch, "worker_incarnation", worker_incarnation)
+        put(batch, "_columns", EventColumns(kinds, tiers, counts, lengths, keys))
+        put(batch, "_events", None)
+        return batch
 
     @classmethod
     def _of(cls, header: tuple[Any, ...], columns: EventColumns) -> KVEventBatch:

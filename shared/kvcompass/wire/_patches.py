@@ -301,6 +301,34 @@ class PatchBatch(WireMessage):
         object.__setattr__(self, "tables", tables)
         object.__setattr__(self, "owner", _check_owner(self.owner))
 
+    @classmethod
+    def of_writer(
+        cls,
+        shard: int,
+        epoch: int,
+        seq: int,
+        events_from: int,
+        events_to: int,
+        produced_at_ns: int,
+        tables: tuple[TablePatchWire, ...],
+        owner: str,
+    ) -> PatchBatch:
+        """A batch of fields a shard writer keeps valid (its shard and owner checked
+        when it starts, its own counters, the patches it took, a clock reading it
+        checks), built without the checks: a maintenance unit's flush makes one per
+        shard and flush, where they cost about 2 µs."""
+        batch = object.__new__(cls)
+        put = object.__setattr__
+        put(batch, "shard", shard)
+        put(batch, "epoch", epoch)
+        put(batch, "seq", seq)
+        put(batch, "events_from", events_from)
+        put(batch, "events_to", events_to)
+        put(batch, "produced_at_ns", produced_at_ns)
+        put(batch, "tables", tables)
+        put(batch, "owner", owner)
+        return batch
+
     def _body(self) -> dict[str, object]:
         return {
             "s": self.shard,
