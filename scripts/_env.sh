@@ -26,17 +26,20 @@ if [ -z "${KVC_VENV:-}" ] && [ -x "$VENV/bin/python" ]; then
         rm -rf "$VENV"
     fi
 fi
-# The Cython modules need a C compiler and the interpreter's headers (Debian: gcc and
-# python3-dev, installed here as redis-server is below).
+# The Cython modules need a C compiler, the interpreter's headers and the xxHash header
+# (Debian: gcc, python3-dev, libxxhash-dev; installed here as redis-server is below).
 headers="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
-if ! command -v cc >/dev/null 2>&1 || [ ! -f "$headers/Python.h" ]; then
+xxhash_header() { echo '#include <xxhash.h>' | cc -E - >/dev/null 2>&1; }
+if ! command -v cc >/dev/null 2>&1 || [ ! -f "$headers/Python.h" ] || ! xxhash_header; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "== installing a C compiler and the Python headers (apt)" >&2
+        echo "== installing a C compiler, the Python headers and xxhash.h (apt)" >&2
         apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc python3-dev >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc python3-dev libxxhash-dev \
+            >/dev/null
     else
-        echo "error: compiling the Cython modules needs a C compiler (cc) and $headers/Python.h." \
-            "Install them (Debian/Ubuntu: sudo apt-get install -y gcc python3-dev)." >&2
+        echo "error: compiling the Cython modules needs a C compiler (cc), $headers/Python.h" \
+            "and xxhash.h. Install them (Debian/Ubuntu:" \
+            "sudo apt-get install -y gcc python3-dev libxxhash-dev)." >&2
         exit 1
     fi
 fi
@@ -69,15 +72,13 @@ if stale_native; then
     "$VENV/bin/python" -m pip install --quiet --no-deps -e "$ROOT"
     touch "$NATIVE_STAMP"
 fi
-# numba compiles the index's write path and the prefix-key hash once per machine and
-# caches them beside the source; doing it here keeps that first compile out of services'
-# start and tests' timing.
+# numba compiles the index's write path once per machine and caches it beside the
+# source; doing it here keeps that first compile out of services' start and tests' timing.
 KERNEL_STAMP="$VENV/.kvcompass-kernel"
-if [ ! -f "$KERNEL_STAMP" ] || [ "$ROOT/shared/kvcompass/index/kernel.py" -nt "$KERNEL_STAMP" ] \
-    || [ "$ROOT/shared/kvcompass/xxh3.py" -nt "$KERNEL_STAMP" ]; then
-    echo "== compiling the index write kernel and the key hash (once; tens of seconds)" >&2
+if [ ! -f "$KERNEL_STAMP" ] || [ "$ROOT/shared/kvcompass/index/kernel.py" -nt "$KERNEL_STAMP" ]
+then
+    echo "== compiling the index write kernel (once; tens of seconds)" >&2
     "$VENV/bin/python" -c "from kvcompass.index.ludo import compile_write_kernel as c; c()"
-    "$VENV/bin/python" -c "from kvcompass.xxh3 import warm_up; warm_up()"
     touch "$KERNEL_STAMP"
 fi
 # The integration tests and `kvcompass infra up` run Debian's redis-server

@@ -4,8 +4,8 @@ The key of the first ``c`` tokens is the low 63 bits of a hash over a namespace 
 followed by those token ids as uint32 little-endian. Because every prefix of a prompt
 extends the same byte string, one incremental pass yields the keys at all indexed
 lengths: feed the tokens between consecutive lengths, and read the digest at each. For
-XXH3 that pass is one compiled call (:mod:`kvcompass.xxh3`); SHA-256, and a single key,
-use the C libraries' streaming states.
+XXH3 that pass is one compiled call into the xxHash C library (:mod:`kvcompass.xxh3`);
+SHA-256 drives hashlib's streaming state.
 
 Two hashes are selectable (``[index] key_hash`` in the topology, :class:`KeyHash`):
 SHA-256, the paper's, and XXH3-64, about five times faster on a 4K-token prompt (see
@@ -80,9 +80,6 @@ _TOKEN_DTYPE: Final = np.dtype("<u4")
 _TOKEN_BYTES: Final = 4
 #: array("I") is native-endian uint32 here; the list fast path needs little-endian 4-byte.
 _FAST_LIST_PATH: Final = sys.byteorder == "little" and array("I").itemsize == _TOKEN_BYTES
-
-
-_KEY_MASK: Final = np.uint64(MASK63)
 
 
 def _sha256_key(state: Any) -> int:
@@ -202,12 +199,8 @@ class PrefixHasher:
         self.namespace = namespace
         self.key_hash = KeyHash(key_hash)
         self._prefix = namespace.key_prefix(self.key_hash)
-        self._head = np.frombuffer(self._prefix, dtype=np.uint8)
-        # The compiled walk reads words in the host's byte order.
+        # The compiled digests hash the tokens' bytes in the host's order.
         self._xxh3 = self.key_hash is KeyHash.XXH3 and sys.byteorder == "little"
-        self._lengths = np.array(self.lengths, dtype=np.int64)
-        if self._xxh3:
-            xxh3.warm_up()  # load (or compile) it now, not in a first request
 
     def keys(self, tokens: TokenIds) -> dict[int, int]:
         """63-bit key of the first ``c`` tokens for each length ``c`` (one hash pass).
@@ -219,11 +212,11 @@ class PrefixHasher:
 
     def key_list(self, tokens: TokenIds) -> list[int]:
         """The values of :meth:`keys`: the keys at the first ``len(result)`` lengths."""
-        return self._keys_at(tokens, self._lengths)
+        return self._keys_at(tokens, self.lengths)
 
     def key_array(self, tokens: TokenIds) -> NDArray[np.uint64]:
         """:meth:`key_list` as an array, for compiled code to take on (an edge's probes)."""
-        return self._key_array(tokens, self._lengths)
+        return self._key_array(tokens, self.lengths)
 
     def key_array_at(self, tokens: TokenIds, lengths: Sequence[int]) -> NDArray[np.uint64]:
         """The keys at ``lengths``, an ascending selection of this hasher's lengths that
@@ -231,9 +224,9 @@ class PrefixHasher:
         shards, :func:`shard_of_array`). The tokens before the first are hashed in one
         pass: a change at a prompt's last few lengths costs a digest per length it has,
         and no hasher per selection."""
-        return self._key_array(tokens, np.array(lengths, dtype=np.int64))
+        return self._key_array(tokens, lengths)
 
-    def _key_array(self, tokens: TokenIds, lengths: NDArray[np.int64]) -> NDArray[np.uint64]:
+    def _key_array(self, tokens: TokenIds, lengths: Sequence[int]) -> NDArray[np.uint64]:
         if self._xxh3:
             return self._walked_keys(tokens, lengths)
         return np.array(self._keys_at(tokens, lengths), dtype=np.uint64)
@@ -242,26 +235,26 @@ class PrefixHasher:
         """The key at ``length``, one of this hasher's lengths that the caller has
         checked (None: the prompt is shorter). A worker's demotions and evictions are
         one length each, several per request once its cache is full."""
+        if self._xxh3:
+            keys = self._walked_keys(tokens, (length,))
+            return int(keys[0]) if len(keys) else None
         data = _token_bytes(tokens, length)
         if len(data) < length * _TOKEN_BYTES:
             return None
-        # One digest: the C library's stream, without the compiled walk's fixed cost.
         return self._streamed_keys(data, [len(data)])[0]
 
-    def _keys_at(self, tokens: TokenIds, lengths: NDArray[np.int64]) -> list[int]:
+    def _keys_at(self, tokens: TokenIds, lengths: Sequence[int]) -> list[int]:
         """The keys at the ascending ``lengths`` that the prompt reaches."""
         if self._xxh3:
             return self._walked_keys(tokens, lengths).tolist()  # type: ignore[no-any-return]
         if not len(lengths):
             return []
-        data = _token_bytes(tokens, int(lengths[-1]))
-        return self._streamed_keys(data, [c * _TOKEN_BYTES for c in lengths.tolist()])
+        data = _token_bytes(tokens, lengths[-1])
+        return self._streamed_keys(data, [c * _TOKEN_BYTES for c in lengths])
 
-    def _walked_keys(self, tokens: TokenIds, lengths: NDArray[np.int64]) -> NDArray[np.uint64]:
-        """XXH3 keys from the compiled walk (little-endian hosts)."""
-        out = np.empty(len(lengths), dtype=np.uint64)
-        n = xxh3.digests_at(self._head, _token_array(tokens), lengths, _KEY_MASK, out)
-        return out[:n]
+    def _walked_keys(self, tokens: TokenIds, lengths: Sequence[int]) -> NDArray[np.uint64]:
+        """XXH3 keys in one compiled call (little-endian hosts)."""
+        return xxh3.digests_at(self._prefix, _token_array(tokens), lengths, MASK63)
 
     def _streamed_keys(self, data: bytes | memoryview, ends: list[int]) -> list[int]:
         """One streaming state over ``data``, a key at each byte end it reaches."""

@@ -1,0 +1,76 @@
+# cython: language_level=3, boundscheck=True, wraparound=False, initializedcheck=False
+# cython: embedsignature=True, binding=True, auto_pickle=False
+# distutils: extra_compile_args = -O2 -ffp-contract=off
+# distutils: define_macros = XXH_INLINE_ALL
+"""XXH3-64 of every prefix of one byte string at given lengths, in one call.
+
+A prompt's keys are the digests of its prefixes at a few dozen lengths. Driving the
+xxhash package's streaming state from Python costs an update and a digest per length,
+more than the hashing (6 µs for a 3,400-token prompt at 35 lengths). Here one call runs
+the same streaming state of the xxHash C library (its header, ``libxxhash-dev``, built
+in): an update per length and a digest of a copy, so the string is read once. Every
+digest equals ``xxhash.xxh3_64_intdigest`` of the same bytes (property tests pin it).
+
+The input is a head of bytes (a namespace's fixed encoding) followed by a body of
+uint32 items (the tokens), hashed as the host's bytes of the items: little-endian hosts
+only, where those are the tokens' little-endian encoding.
+"""
+
+from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
+from libc.stdint cimport uint64_t
+from libc.string cimport strcmp
+
+import numpy as np
+
+__all__ = ["digests_at"]
+
+
+cdef extern from "xxhash.h" nogil:
+    ctypedef unsigned long long XXH64_hash_t
+    ctypedef struct XXH3_state_t:
+        pass
+    int XXH3_64bits_reset(XXH3_state_t* state)
+    int XXH3_64bits_update(XXH3_state_t* state, const void* data, size_t length)
+    XXH64_hash_t XXH3_64bits_digest(const XXH3_state_t* state)
+
+
+def digests_at(bytes head, object body, object ends, uint64_t mask):
+    """``XXH3-64(head + body[:end]) & mask`` for each of the ascending ``ends`` (item
+    counts) up to the first one past the body, as a uint64 array. ``body``: a
+    C-contiguous buffer of uint32 items (a token array)."""
+    cdef Py_buffer view
+    cdef XXH3_state_t state
+    cdef Py_ssize_t n_items, count = 0, done = 0, end, j
+    cdef const char* data
+    cdef char* out
+    PyObject_GetBuffer(body, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+    try:
+        if view.itemsize != 4 or view.format == NULL or not (
+            strcmp(view.format, b"I") == 0 or strcmp(view.format, b"=I") == 0
+            or strcmp(view.format, b"<I") == 0
+        ):
+            raise TypeError(f"the body must hold uint32 items, not {view.format!r}")
+        n_items = view.len // 4
+        ends = tuple(ends)
+        for end in ends:
+            if end > n_items:
+                break
+            if end < done:
+                raise ValueError(f"ends must ascend: {end} after {done}")
+            done = end
+            count += 1
+        digests = PyByteArray_FromStringAndSize(NULL, 8 * count)
+        out = PyByteArray_AS_STRING(digests)
+        data = <const char*>view.buf
+        XXH3_64bits_reset(&state)
+        XXH3_64bits_update(&state, <const char*>head, len(head))
+        done = 0
+        for j in range(count):
+            end = ends[j]
+            XXH3_64bits_update(&state, data + 4 * done, 4 * (end - done))
+            (<uint64_t*>out)[j] = XXH3_64bits_digest(&state) & mask
+            done = end
+        return np.frombuffer(digests, np.uint64)
+    finally:
+        PyBuffer_Release(&view)
