@@ -135,3 +135,21 @@ def test_a_taken_patch_names_each_dirty_bucket_once_and_clears_the_marks() -> No
     order = patch.buckets.buckets.tolist()
     assert len(order) == len(set(order)) > 0
     assert table.take_patch().is_empty
+
+
+def test_a_released_view_refuses_a_patch_instead_of_writing_by_address() -> None:
+    """Once released, the shared memory under a view may be gone: nothing writes there."""
+    view = view_of(32, 8)
+    buffer = bytearray(view.image())
+    attached = LudoView.attach(memoryview(buffer))
+    before = bytes(buffer)
+    attached.release()
+    patch = TablePatch(
+        attached.geometry.generation,
+        BucketImages(
+            np.array([3], np.int64), np.array([1], np.uint8), np.full((1, 4), 2, np.uint32), None
+        ),
+    )
+    with pytest.raises(AttributeError):
+        attached.apply(patch)
+    assert bytes(buffer) == before

@@ -161,7 +161,7 @@ class LudoView:
             if mv is not None:
                 mv.release()
         del self._seeds, self._cells, self._fps, self._words, self.descriptor
-        del self._cell_rows, self._fp_rows
+        del self._cell_rows, self._fp_rows, self._patch_target  # no write by address either
         if isinstance(self._buf, memoryview):
             self._buf.release()
 
