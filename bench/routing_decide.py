@@ -89,14 +89,14 @@ def bench_topology(name: str, n_prompts: int, rounds: int, prompt_tokens: int) -
     policy = make_policy("kvcompass", topology, origin, index.view, clock=ManualClock())
     assert isinstance(policy, KVCompassPolicy)
     requests = [request(p, origin=origin) for p in prompts]
-    planner = policy._planner(requests[0].namespace)
+    planner = policy._planners.planner(requests[0].namespace)
     replay = _Replay()
     for r in requests:
         query = replay.queries[id(r.tokens)] = planner.query(r.tokens)
         replay.matches[id(query)] = index.view.match(query)
     scorer = make_policy("kvcompass", topology, origin, replay, clock=ManualClock())
     assert isinstance(scorer, KVCompassPolicy)
-    scorer._planners[requests[0].namespace] = replay  # type: ignore[assignment]
+    scorer._planners._by_namespace[requests[0].namespace] = replay  # type: ignore[assignment]
     keys, lookup, score, decide = [], [], [], []
     gc.collect()
     gc.disable()

@@ -503,6 +503,19 @@ def test_query_lengths_follow_the_plan() -> None:
     assert dict(query.per_region["eu"])[5648] == keys[5648]
 
 
+@pytest.mark.parametrize("chained", [False, True])
+def test_a_planner_moved_to_another_namespace_plans_as_one_built_there(chained: bool) -> None:
+    plan = plan_levels(load_builtin("testbed-3region"))
+    tokens = prompts(4)["a"][:6000]
+    tenant = Namespace(NS.model, "tenant-b")
+    moved = QueryPlanner(plan, "us", NS, chained).for_namespace(tenant)
+    built = QueryPlanner(plan, "us", tenant, chained)
+    assert moved.namespace == tenant
+    assert moved.guard_lengths == built.guard_lengths
+    assert moved.query(tokens) == built.query(tokens)
+    assert moved.query(tokens) != QueryPlanner(plan, "us", NS, chained).query(tokens)
+
+
 def test_chained_lookups_keep_true_matches_and_turn_away_most_false_locators() -> None:
     """No fingerprints (the paper's index): a never-inserted key answers whatever occupied
     cell it lands on. Chained, a hit counts only where the worker also hit at the

@@ -11,6 +11,7 @@ every shard in this process; it and the shared-memory reader are the two
 
 from __future__ import annotations
 
+import copy
 import functools
 import operator
 from collections.abc import Iterator, Mapping, Sequence
@@ -109,6 +110,14 @@ class QueryPlanner:
             ),
             tuple((region, (g, at[g])) for region, g in guards.items()),
         )
+
+    def for_namespace(self, namespace: Namespace) -> QueryPlanner:
+        """This planner in another namespace: the same lengths and shape (the plan's and
+        the edge's alone), a hasher of its own."""
+        planner = copy.copy(self)
+        planner.namespace = namespace
+        planner._hasher = PrefixHasher(self._hasher.lengths, namespace, self._hasher.key_hash)
+        return planner
 
     @property
     def guard_lengths(self) -> dict[str, int]:

@@ -579,7 +579,7 @@ def compile_write_kernel(value_bits: int = 0, fingerprint_bits: int = -1) -> Non
             keys = np.arange(1, 41, dtype=np.uint64)
             table.put_many(keys, keys)
             table.put_many(keys, np.zeros_like(keys))
-    kernel.first_foreign(np.zeros(1, dtype=np.uint64), 1, 0)  # the writer's batch check
+    kernel.first_foreign(np.zeros(1, dtype=np.uint64), 1, 0)  # ShardTables' unchecked writes
 
 
 def _greedy_placement(

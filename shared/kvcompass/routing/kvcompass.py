@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from kvcompass.index.discovery import QueryPlanner
 from kvcompass.index.reader import IndexNotReady, IndexReader
-from kvcompass.keys import Namespace
 from kvcompass.levels import LevelPlan
 from kvcompass.pipeline.clock import Clock
 from kvcompass.routing.belief import CacheBelief
 from kvcompass.routing.config import RoutingConfig
 from kvcompass.routing.migration import HotPrefixTracker, MigrationOrder, MigrationPlanner
 from kvcompass.routing.pending import PendingPrefixes
+from kvcompass.routing.planners import Planners
 from kvcompass.routing.policy import Decision, Feedback, RouteRequest, prompt_length
 from kvcompass.routing.queues import QueueEstimates, QueueFed
 from kvcompass.routing.score import JointScore
@@ -47,7 +46,7 @@ class KVCompassPolicy(QueueFed):
         self._reader = reader
         self._plan = plan
         self._clock = clock
-        self._planners: dict[Namespace, QueryPlanner] = {}
+        self._planners = Planners(plan, origin_region, config.prefix_chain)
         self.score = JointScore(
             topology,
             origin_region,
@@ -77,17 +76,9 @@ class KVCompassPolicy(QueueFed):
         self._gamma = topology.gamma_ms_per_token
         self.pending = PendingPrefixes(config.pending_slack_s) if config.pending_credit else None
 
-    def _planner(self, namespace: Namespace) -> QueryPlanner:
-        planner = self._planners.get(namespace)
-        if planner is None:
-            planner = self._planners[namespace] = QueryPlanner(
-                self._plan, self.origin_region, namespace, self.config.prefix_chain
-            )
-        return planner
-
     def decide(self, request: RouteRequest, explain: bool = False) -> Decision:
         prompt = prompt_length(request, self.origin_region)
-        query = self._planner(request.namespace).query(request.tokens)
+        query = self._planners.query(request)
         indexed = True
         lengths: Sequence[int]
         tiers: Sequence[int]

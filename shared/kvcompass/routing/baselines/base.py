@@ -19,8 +19,8 @@ from kvcompass.index.layout import Tier
 from kvcompass.index.reader import IndexNotReady, IndexReader
 from kvcompass.levels import LevelPlan
 from kvcompass.pipeline.clock import Clock
-from kvcompass.routing.baselines.planners import Planners
 from kvcompass.routing.config import RoutingConfig
+from kvcompass.routing.planners import Planners
 from kvcompass.routing.policy import (
     Candidate,
     Decision,
