@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import random
 
-import numpy as np
 import pytest
 
+from kvcompass.errors import InvariantBroken
 from kvcompass.index.layout import Tier
 from kvcompass.keys import Namespace
 from kvcompass.topology import load_builtin
@@ -222,30 +222,16 @@ def test_the_reported_changes_replay_to_exactly_what_is_held(policy: str, seed: 
 def _held(
     c: PrefixCache, lengths: tuple[int, ...], namespaces: list[Namespace]
 ) -> dict[tuple[Namespace, tuple[int, ...]], Tier]:
-    """Every held prefix at a registration length, from the cache's own answers, and a
-    check of the tree's shape (runs of consecutive blocks, each under its parent's last
-    block, keyed by its first block, its source starting with its whole path)."""
+    """Every held prefix at a registration length (``lengths``, the cache's), each with
+    the tier the cache's own match answers, after a check of the cache's invariants (its
+    tree's shape and its victim queues)."""
+    c.check()
     held = {}
-    width = BLOCK * 4
-    for ns in namespaces:
-        root = c._roots.get(ns)
-        stack = [] if root is None else [(root, ())]
-        while stack:
-            node, path = stack.pop()
-            assert node.vram_children == sum(c.tier is Tier.VRAM for c in node.children.values())
-            for key, child in node.children.items():
-                if node.parent is not None and node.tier is Tier.DRAM:
-                    assert child.tier is Tier.DRAM  # a DRAM block's children are DRAM
-                assert child.parent is node
-                assert child.first == node.last + 1 <= child.last
-                assert key == child.source[node.last * width : child.first * width]
-                tokens = np.frombuffer(child.source[: child.last * width], dtype="<u4").tolist()
-                assert tuple(tokens[: len(path)]) == path
-                for depth in range(child.first, child.last + 1):
-                    if depth * BLOCK in lengths:
-                        prefix = tuple(tokens[: depth * BLOCK])
-                        held[ns, prefix] = c.match(ns, list(prefix)).tier
-                stack.append((child, tuple(tokens)))
+    for change in c.held():
+        assert change.lengths[0] in lengths
+        if change.namespace in namespaces:
+            prefix = change.tokens.tolist()
+            held[change.namespace, tuple(prefix)] = c.match(change.namespace, prefix).tier
     return held
 
 
@@ -275,3 +261,44 @@ def test_held_is_the_state_the_reported_changes_add_up_to(policy: str) -> None:
             held[(change.namespace, change.tokens.tobytes())] = change.tier
         assert held == state
     assert set(state.values()) == {Tier.VRAM, Tier.DRAM}
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "message"),
+    [
+        ("vram_children", "VRAM children"),
+        ("used", "counted as used"),
+        ("queue", "without a live queue entry"),
+        ("parent", "parent link"),
+        ("tier", "VRAM block under a DRAM block"),
+    ],
+)
+def test_check_names_the_invariant_a_corrupted_cache_breaks(corrupt: str, message: str) -> None:
+    """check() is what the invariant tests rely on: it must not pass a broken cache.
+    (Breaking one means reaching into the cache; nothing else here does.)"""
+    c, _ = cache(vram=3, dram=4)
+    c.use(NS, prompt(1, 2, 3))
+    c.use(NS, prompt(4, 5, 6))  # demotes 1-2-3's deepest blocks to DRAM
+    c.check()
+    (root,) = c._roots.values()
+    runs = [root]
+    for run in runs:
+        runs.extend(run.children.values())
+    dram = next(r for r in runs if r.tier is Tier.DRAM and r.parent is not None)
+    if corrupt == "vram_children":
+        root.vram_children += 1
+    elif corrupt == "used":
+        c.used[Tier.DRAM] += 1
+    elif corrupt == "queue":
+        c._heaps[Tier.DRAM].clear()
+        c._next[Tier.DRAM] = None
+    elif corrupt == "parent":
+        dram.parent = root if dram.parent is not root else None
+    else:  # a well-formed VRAM block hung under the DRAM one
+        block = bytes(4 * BLOCK)
+        source = dram.source[: dram.last * 4 * BLOCK] + block
+        depth = dram.last + 1
+        child = type(dram)(NS, dram, source, depth, depth, Tier.VRAM, 0, 0, 0, 0)
+        dram.children = {block: child}
+    with pytest.raises(InvariantBroken, match=message):
+        c.check()

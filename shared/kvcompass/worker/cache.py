@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from kvcompass.errors import InvariantBroken
 from kvcompass.index.layout import Tier
 from kvcompass.keys import Namespace, TokenIds
 from kvcompass.levels import plan_levels
@@ -201,6 +202,9 @@ class PrefixCache:
         self._op = 0
         # The last match's walk (namespace, prompt bytes, path), until the cache changes.
         self._walked: tuple[Namespace, bytes, list[tuple[_Run, int]]] | None = None
+        #: Victim queues rebuilt from the tree so far (the rare path that drops stale
+        #: entries; it changes no victim).
+        self.rebuilds = 0
 
     @classmethod
     def for_worker(
@@ -235,6 +239,47 @@ class PrefixCache:
 
     def blocks(self, tier: Tier) -> int:
         return self.used[tier]
+
+    def check(self) -> None:
+        """Raise InvariantBroken naming the first broken invariant (tests and debugging;
+        it walks the whole cache): every run a chain of blocks right after its parent's
+        last block, keyed by its first block, its source starting with its whole path;
+        a DRAM block's children DRAM, and each run's count of VRAM children right; the
+        blocks held adding up to ``used``; every frontier block with a live entry in its
+        tier's victim queue (what keeps a queue's rebuild from changing a victim)."""
+        width = self._width
+        live = {
+            (tier, id(entry[2]))
+            for tier, heap in self._heaps.items()
+            for entry in [*heap, self._next[tier]]
+            if entry is not None and entry[1] == entry[2].version
+        }
+        held = dict.fromkeys(self.used, 0)
+        for root in self._roots.values():
+            for run in _runs(root):
+                at = f"{run.namespace} blocks {run.first}..{run.last}"
+                vram = 0
+                for key, child in run.children.items():
+                    below = f"{at}, child {child.first}..{child.last}"
+                    _require(child.parent is run, f"{below}: its parent link is elsewhere")
+                    _require(child.first == run.last + 1 <= child.last, f"{below}: not a chain")
+                    _require(key == self._block(child, child.first), f"{below}: wrong key")
+                    end = run.last * width
+                    _require(child.source[:end] == run.source[:end], f"{below}: off the path")
+                    _require(
+                        run.parent is None or run.tier is _VRAM or child.tier is _DRAM,
+                        f"{below}: a VRAM block under a DRAM block",
+                    )
+                    vram += child.tier is _VRAM
+                    held[child.tier] += child.last - child.first + 1
+                    if self._candidate(child, child.tier):
+                        _require(
+                            (child.tier, id(child)) in live,
+                            f"{below}: a frontier block without a live queue entry",
+                        )
+                counts = f"{at}: counts {run.vram_children} VRAM children, has {vram}"
+                _require(run.vram_children == vram, counts)
+        _require(held == self.used, f"blocks held {held}, counted as used {self.used}")
 
     def held(self) -> Iterator[PrefixChange]:
         """The whole state as ADMIT changes: every held prefix at a registration length,
@@ -771,6 +816,7 @@ class PrefixCache:
         has a live entry: it was queued when it last became one or changed order (the
         one way back to the frontier without a queueing, a promotion that fails after a
         victim search dropped the parent's entry, never happens: see _promote)."""
+        self.rebuilds += 1
         heap = self._heaps[tier]  # in place: callers may hold the list
         heap[:] = [
             (self._key(run), run.version, run)
@@ -869,6 +915,11 @@ def _steps_below(key: Any, bound: Any) -> int:
             return 0 if key[0] > bound[0] else 1 << 62
         key, bound = key[1], bound[1]
     return max(0, int(bound) - int(key))
+
+
+def _require(condition: bool, broken: str) -> None:
+    if not condition:
+        raise InvariantBroken(f"prefix cache: {broken}")
 
 
 def _runs(root: _Run) -> Iterator[_Run]:
