@@ -63,6 +63,8 @@ def patches(draw: st.DrawFn, view: LudoView) -> TablePatch:
     if draw(st.booleans()):  # a decoded patch's arrays sit in a message buffer
         cells = cells.copy()
         cells.setflags(write=False)
+    elif draw(st.booleans()):  # every other column of a wider array: not contiguous
+        cells = np.repeat(cells, 2, axis=1)[:, ::2]
     return TablePatch(
         g.generation, BucketImages(buckets, seeds, cells, fps), WordImages(indices, values)
     )

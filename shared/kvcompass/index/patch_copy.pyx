@@ -109,12 +109,8 @@ def take_dirty(
     cdef char* out_values
     if not (0 <= n <= nb and 0 <= m <= n_words):
         raise ValueError(f"dirty lists of {n} buckets and {m} words: the table is corrupt")
-    for k in range(n):
-        if not 0 <= dirty[k] < nb:
-            raise ValueError(f"dirty bucket {dirty[k]} outside 0..{nb - 1}")
-    for k in range(m):
-        if not 0 <= dirty_words[k] < n_words:
-            raise ValueError(f"dirty word {dirty_words[k]} outside 0..{n_words - 1}")
+    _check_indices(dirty, n, nb, "dirty bucket", ValueError)
+    _check_indices(dirty_words, m, n_words, "dirty word", ValueError)
     bucket_images = word_images = None
     if n:
         buckets_buffer = _new(8 * n, &out_buckets)
@@ -156,6 +152,17 @@ def take_dirty(
     return bucket_images, word_images
 
 
+cdef int _check_indices(
+    const int64_t* values, Py_ssize_t n, Py_ssize_t limit, str what, object error
+) except -1:
+    """Raise ``error`` naming the first of ``values`` outside 0..limit-1."""
+    cdef Py_ssize_t k
+    for k in range(n):
+        if not 0 <= values[k] < limit:
+            raise error(f"{what} {values[k]} is outside 0..{limit - 1}")
+    return 0
+
+
 cdef bint _is(Py_buffer* view, const char* fmt, Py_ssize_t itemsize) noexcept:
     """The buffer holds items of exactly this native format and size."""
     return view.itemsize == itemsize and view.format != NULL and strcmp(view.format, fmt) == 0
@@ -195,7 +202,10 @@ def apply_images(tuple target, object images, object words):
         for k in range(6):
             array = arrays[k]
             if array is not None:
-                PyObject_GetBuffer(array, &views[k], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+                try:
+                    PyObject_GetBuffer(array, &views[k], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+                except (BufferError, TypeError, ValueError):
+                    return False  # not one contiguous buffer: numpy scatters it
                 held[k] = True
         if buckets is not None:
             n = views[0].len // 8
@@ -209,7 +219,7 @@ def apply_images(tuple target, object images, object words):
                 and views[2].itemsize == cell_size
                 and views[2].len == n * row
                 and views[2].format != NULL
-                and views[2].format[0] in b"IQLH"
+                and views[2].format[0] in b"ILQ"
             ):
                 return False
             if with_fps and not (
@@ -220,9 +230,7 @@ def apply_images(tuple target, object images, object words):
             ):
                 return False
             bucket_ids = <const int64_t*>views[0].buf
-            for k in range(n):
-                if not 0 <= bucket_ids[k] < nb:
-                    raise IndexError(f"bucket {bucket_ids[k]} is outside 0..{nb - 1}")
+            _check_indices(bucket_ids, n, nb, "bucket", IndexError)
         if word_indices is not None:
             m = views[4].len // 8
             if not (
@@ -233,9 +241,7 @@ def apply_images(tuple target, object images, object words):
             ):
                 return False
             word_ids = <const int64_t*>views[4].buf
-            for k in range(m):
-                if not 0 <= word_ids[k] < n_words:
-                    raise IndexError(f"word {word_ids[k]} is outside 0..{n_words - 1}")
+            _check_indices(word_ids, m, n_words, "word", IndexError)
         for k in range(m):
             (<uint64_t*>to_words)[word_ids[k]] = (<const uint64_t*>views[5].buf)[k]
         for k in range(n):
