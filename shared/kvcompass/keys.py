@@ -221,7 +221,7 @@ class PrefixHasher:
     def key_array_at(self, tokens: TokenIds, lengths: Sequence[int]) -> NDArray[np.uint64]:
         """The keys at ``lengths``, an ascending selection of this hasher's lengths that
         the caller has checked, up to the prompt's length, as an array (a publisher's
-        shards, :func:`shard_of_array`). The tokens before the first are hashed in one
+        event buffers group them by shard). The tokens before the first are hashed in one
         pass: a change at a prompt's last few lengths costs a digest per length it has,
         and no hasher per selection."""
         return self._key_array(tokens, lengths)
@@ -307,8 +307,8 @@ def shard_of(key: int, n_shards: int) -> int:
 
 def shard_of_array(keys: NDArray[np.uint64], n_shards: int) -> NDArray[np.int64]:
     """:func:`shard_of` of every key of a 1-D array, bit-identical to it, in one compiled
-    loop: a publisher takes a few keys at a time, where numpy's five passes cost
-    microseconds, and a snapshot check millions."""
+    loop: a snapshot check takes millions, where numpy's five passes cost a temporary
+    each. (The compiled publisher and writer use ``shard_hash.pxd``, the same function.)"""
     if n_shards < 1:
         raise ValueError(f"n_shards must be positive, got {n_shards}")
     keys = np.ascontiguousarray(keys, dtype=np.uint64)

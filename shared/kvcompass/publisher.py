@@ -25,7 +25,7 @@ from kvcompass.event_buffers import ShardEventBuffers
 from kvcompass.index.layout import Tier
 from kvcompass.keys import Namespace, PrefixHasher, TokenIds
 from kvcompass.levels import LevelPlan
-from kvcompass.pipeline.clock import Clock, SystemClock
+from kvcompass.pipeline.clock import Clock, SystemClock, stamp_ns
 from kvcompass.topology import Worker
 from kvcompass.wire import MAX_ITEMS, EventKind, KVEvent, KVEventBatch, WireError, encode
 
@@ -33,9 +33,6 @@ __all__ = ["EventPublisher", "Send"]
 
 #: Delivers one encoded batch to a shard's partition of ``kvc.events``.
 Send = Callable[[int, bytes], None]
-
-#: The latest ``sent_at_ns`` a batch can carry.
-_LATEST_NS: Final = (1 << 63) - 1
 
 #: Namespaces whose hashers are kept before the publisher forgets them all.
 _MAX_HASHERS = 4096
@@ -195,9 +192,7 @@ class EventPublisher:
         A send that raises loses nothing: the batches it did not send keep their
         sequence numbers and go first at the next flush (a shard still gets its batches
         in order)."""
-        now = self._clock.wall_ns()
-        if not 0 <= now <= _LATEST_NS:
-            raise ValueError(f"the clock reads {now} ns, outside 0..2^63-1")
+        now = stamp_ns(self._clock)  # before anything is taken: a bad clock loses nothing
         for shard, kinds, tiers, counts, lengths, keys in self._buffers.take():
             batch = KVEventBatch.from_valid_columns(
                 self.worker.id,

@@ -5,7 +5,10 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-__all__ = ["Clock", "ManualClock", "SystemClock"]
+__all__ = ["Clock", "ManualClock", "SystemClock", "stamp_ns"]
+
+#: The latest wall-clock stamp a message carries (its field is a non-negative int64).
+_LATEST_NS = (1 << 63) - 1
 
 
 class Clock(Protocol):
@@ -18,6 +21,15 @@ class Clock(Protocol):
     def wall_ns(self) -> int:
         """Nanoseconds since the Unix epoch (may step; never used for ordering)."""
         ...
+
+
+def stamp_ns(clock: Clock) -> int:
+    """``clock.wall_ns()`` to stamp a message with; ValueError outside 0..2^63-1, which
+    no message may carry (callers check before taking anything to send)."""
+    now = clock.wall_ns()
+    if not 0 <= now <= _LATEST_NS:
+        raise ValueError(f"the clock reads {now} ns, outside 0..2^63-1")
+    return now
 
 
 class SystemClock:

@@ -28,7 +28,7 @@ from kvcompass.index.errors import SnapshotError
 from kvcompass.index.layout import IndexLayout
 from kvcompass.index.shard_tables import ShardTables
 from kvcompass.keys import shard_of
-from kvcompass.pipeline.clock import Clock
+from kvcompass.pipeline.clock import Clock, stamp_ns
 from kvcompass.pipeline.sequences import Admission, WorkerSequences
 from kvcompass.pipeline.staging import StagedWrites
 from kvcompass.snapshot import ShardSnapshot, SnapshotMeta
@@ -36,9 +36,6 @@ from kvcompass.topology import Topology
 from kvcompass.wire import KVEventBatch, PatchBatch, TablePatchWire, TableReload, WireError
 
 __all__ = ["BadEvent", "PersistSnapshot", "ShardWriter", "Takeover"]
-
-#: The latest ``produced_at_ns`` a patch batch can carry.
-_LATEST_NS = (1 << 63) - 1
 
 #: Stores a snapshot and returns the key edges load a grown table's view from.
 PersistSnapshot = Callable[[ShardSnapshot], str]
@@ -89,8 +86,7 @@ class ShardWriter:
         rng: random.Random | None = None,
     ) -> None:
         try:  # the fields every patch batch carries unchecked (PatchBatch.of_writer)
-            PatchBatch(shard=shard, epoch=0, seq=0, events_from=0, events_to=-1,
-                       produced_at_ns=0, owner=owner)  # fmt: skip
+            PatchBatch(shard, 0, 0, 0, -1, 0, owner=owner)
         except WireError as exc:
             raise ConfigError(f"shard writer {shard} of {owner!r}: {exc}") from exc
         self.shard = shard
@@ -344,9 +340,7 @@ class ShardWriter:
         travels as a :class:`TableReload` naming a snapshot ``persist`` stored first; if
         ``persist`` raises, nothing was taken and the next flush tries again.
         """
-        now = self._clock.wall_ns()
-        if not 0 <= now <= _LATEST_NS:  # before anything is taken: the next flush retries
-            raise ValueError(f"the clock reads {now} ns, outside 0..2^63-1")
+        now = stamp_ns(self._clock)  # before anything is taken: a bad clock loses nothing
         self.write_staged()
         seq = self.next_seq
         tables, seen = self.tables.tables, self._generations
