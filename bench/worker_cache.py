@@ -1,7 +1,7 @@
 """Benchmark of the worker's prefix cache in its steady state: µs per admitted block.
 
 Usage: python bench/worker_cache.py [--quick] [--calls N] [--policy lru|lfu|fifo]
-                                    [--against REV] [--rounds R]
+                                    [--against REV] [--rounds R] [--cache DIR]
 
 One ``PrefixCache`` sized like a sim-8region worker (``PrefixCache.for_worker``: 16,384
 VRAM and 65,536 DRAM blocks of 16 tokens) serves the Mixed workload's prompts (shared
@@ -10,10 +10,11 @@ first filled until both tiers are full, so that every timed admitted block force
 demotion VRAM → DRAM and an eviction from DRAM: the state a long simulation spends
 most of its time in, and one a short run never reaches.
 
-``--against REV`` (default ``HEAD``) loads ``shared/kvcompass/worker/cache.py`` of that
-git revision into a module of its own and runs it beside the working tree's, on the same
-prompts, alternating ``--rounds`` times (the fastest round of each counts, so a busy
-machine hurts both alike); ``ratio`` is old ÷ new time. Both must return the same
+``--against REV`` (default ``HEAD``; ``worktree``: the working tree itself) takes that
+git revision's package, compiled, as ``bench/sim_ab.py`` does (kept by commit in
+``--cache``), and runs it beside the working tree's in processes of their own, on the
+same prompts, alternating ``--rounds`` times (the fastest round of each counts, so a
+busy machine hurts both alike); ``ratio`` is old ÷ new time. Both must return the same
 matches and report the same changes (``identical``). Prints one JSON object.
 """
 
@@ -22,7 +23,6 @@ from __future__ import annotations
 import argparse
 import gc
 import hashlib
-import importlib.util
 import itertools
 import json
 import os
@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -43,38 +43,7 @@ from kvcompass.topology import load_builtin
 from kvcompass.worker import EvictionPolicy, PrefixCache, PrefixChange
 
 TOPOLOGY = load_builtin("sim-8region")
-CACHE_SOURCE = "shared/kvcompass/worker/cache.py"
-
-
-class Cache(Protocol):
-    """What the benchmark calls: the old and the new ``PrefixCache`` alike."""
-
-    block_size: int
-    capacity: dict[Tier, int]
-
-    def use(self, namespace: Namespace, tokens: NDArray[np.uint32]) -> Any: ...
-
-    def blocks(self, tier: Tier) -> int: ...
-
-
-def revision_cache(rev: str) -> Any:
-    """``PrefixCache`` as of git revision ``rev``, imported as a module of its own."""
-    root = Path(__file__).resolve().parent.parent
-    source = subprocess.run(
-        ["git", "show", f"{rev}:{CACHE_SOURCE}"], cwd=root, check=True, capture_output=True
-    ).stdout
-    name = f"_kvcompass_cache_{rev.replace('~', '_').replace('^', '_')}"
-    fd, path = tempfile.mkstemp(suffix=".py")
-    with os.fdopen(fd, "wb") as f:
-        f.write(source)
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while being made
-    spec.loader.exec_module(module)
-    os.unlink(path)
-    return module.PrefixCache
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def prompts(count: int, seed: int) -> list[tuple[Namespace, NDArray[np.uint32]]]:
@@ -84,15 +53,17 @@ def prompts(count: int, seed: int) -> list[tuple[Namespace, NDArray[np.uint32]]]
     return [(Namespace(model, r.tenant), np.array(r.tokens, dtype=np.uint32)) for r in requests]
 
 
-def run(
-    cache_class: Any,
-    policy: EvictionPolicy,
-    stream: list[tuple[Namespace, NDArray[np.uint32]]],
-    calls: int,
-) -> dict[str, Any]:
-    """Fill a worker-sized cache from ``stream``, then time ``calls`` more ``use()``s."""
-    changes: list[PrefixChange] = []
-    cache: Cache = cache_class.for_worker(TOPOLOGY, TOPOLOGY.workers[0], policy, changes.append)
+def run(policy: EvictionPolicy, calls: int, seed: int) -> dict[str, Any]:
+    """Fill a worker-sized cache with Mixed prompts, then time ``calls`` more ``use()``s."""
+    stream = prompts(calls + 2000, seed)  # ~700 prompts fill the cache
+    changes: list[tuple[Any, ...]] = []
+
+    def on_change(c: PrefixChange) -> None:
+        # What identifies a change, not its tokens: a worker hands them on and drops
+        # them, and keeping thousands of prompt prefixes alive would time the memory.
+        changes.append((c.namespace, c.kind, c.tier, c.lengths, c.tokens.size, int(c.tokens[-1])))
+
+    cache = PrefixCache.for_worker(TOPOLOGY, TOPOLOGY.workers[0], policy, on_change)
     capacity = dict(cache.capacity)
     it = iter(stream)
     filled = 0
@@ -120,8 +91,7 @@ def run(
     for m in matches:
         digest.update(f"{m.tokens},{m.dram_tokens};".encode())
     for c in changes:
-        digest.update(f"{c.namespace}|{c.kind}|{c.tier}|{c.lengths}|".encode())
-        digest.update(c.tokens.tobytes())
+        digest.update(repr(c).encode())
     return {
         "fill_calls": filled,
         "calls": calls,
@@ -134,23 +104,51 @@ def run(
     }
 
 
+def timed_run(root: Path, policy: EvictionPolicy, calls: int, seed: int) -> dict[str, Any]:
+    """One run in a process whose ``kvcompass`` is the package under ``root``."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    command = [sys.executable, __file__, "--child", policy.value, str(calls), str(seed)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"a run of {root} failed:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
 def main() -> None:
+    from sim_ab import export, package_root  # beside this file
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer timed calls")
     p.add_argument("--calls", type=int, help="timed use() calls once full")
     p.add_argument("--policy", choices=[e.value for e in EvictionPolicy], default="lru")
-    p.add_argument("--against", default="HEAD", help="git revision of the old cache")
+    p.add_argument("--against", default="HEAD", help="git revision of the old cache, or worktree")
     p.add_argument("--rounds", type=int, default=2, help="alternating runs of each")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--cache",
+        type=Path,
+        default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kvcompass-sim-ab",
+        help="where revisions are kept, by commit, compiled",
+    )
+    p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.child:
+        policy, calls, seed = args.child
+        print(json.dumps(run(EvictionPolicy(policy), int(calls), int(seed))))
+        return
     calls = args.calls or (300 if args.quick else 1500)
     policy = EvictionPolicy(args.policy)
-    stream = prompts(calls + 2000, args.seed)  # ~700 prompts fill the cache
-    contenders = {"old": revision_cache(args.against), "new": PrefixCache}
-    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in contenders}
-    for _ in range(args.rounds):
-        for name, cache_class in contenders.items():
-            rounds[name].append(run(cache_class, policy, stream, calls))
+    rounds: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
+    with tempfile.TemporaryDirectory(prefix="kvc-cache-ab-") as tmp:
+        old_source = ROOT if args.against == "worktree" else export(args.against, args.cache)
+        roots = {
+            "old": package_root(old_source, Path(tmp) / "old"),
+            "new": package_root(ROOT, Path(tmp) / "new"),
+        }
+        for _ in range(args.rounds):
+            for name, root in roots.items():
+                rounds[name].append(timed_run(root, policy, calls, args.seed))
     best = {name: min(runs, key=lambda r: r["wall_s"]) for name, runs in rounds.items()}
     report: dict[str, Any] = {
         "topology": TOPOLOGY.name,

@@ -284,14 +284,15 @@ def test_check_names_the_invariant_a_corrupted_cache_breaks(corrupt: str, messag
     runs = [root]
     for run in runs:
         runs.extend(run.children.values())
-    dram = next(r for r in runs if r.tier is Tier.DRAM and r.parent is not None)
+    dram = next(r for r in runs if r.tier == Tier.DRAM and r.parent is not None)
+    assert dram.first < dram.last  # the three blocks are one run
+    assert not dram.children
     if corrupt == "vram_children":
         root.vram_children += 1
     elif corrupt == "used":
-        c.used[Tier.DRAM] += 1
+        dram.last -= 1  # one block fewer than counted
     elif corrupt == "queue":
-        c._heaps[Tier.DRAM].clear()
-        c._next[Tier.DRAM] = None
+        dram.version += 1  # the run changed, and was not queued again
     elif corrupt == "parent":
         dram.parent = root if dram.parent is not root else None
     else:  # a well-formed VRAM block hung under the DRAM one
