@@ -31,11 +31,11 @@ from kvcompass.index.errors import GenerationMismatch
 from kvcompass.index.image import HEADER_SIZE
 from kvcompass.index.layout import IndexLayout
 from kvcompass.index.view import LudoView
-from kvcompass.loadgen.sim.events import EventQueue, SimClock
 from kvcompass.pipeline.follower import PatchFollower, SnapshotCheck, Verdict
 from kvcompass.pipeline.writer import ShardWriter
 from kvcompass.snapshot import ShardSnapshot
 from kvcompass.topology import Topology
+from kvcompass.virtual_time import EventQueue, VirtualClock
 from kvcompass.wire import KVEventBatch, PatchBatch, TableReload
 
 __all__ = ["EdgeIndex", "IndexPlane"]
@@ -143,7 +143,7 @@ class IndexPlane:
         self,
         topology: Topology,
         n_shards: int,
-        clock: SimClock,
+        clock: VirtualClock,
         events: EventQueue,
         *,
         flush_ms: float,

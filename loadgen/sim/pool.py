@@ -12,11 +12,11 @@ from __future__ import annotations
 from kvcompass.index.layout import Tier
 from kvcompass.keys import Namespace
 from kvcompass.levels import LevelPlan
-from kvcompass.loadgen.sim.events import SimClock
 from kvcompass.loadgen.sim.index import IndexPlane
 from kvcompass.publisher import EventPublisher
 from kvcompass.routing import RegionQueues
 from kvcompass.topology import Topology, Worker
+from kvcompass.virtual_time import VirtualClock
 from kvcompass.worker import (
     CostModel,
     EmulatedEngine,
@@ -38,7 +38,7 @@ class SimWorker:
         topology: Topology,
         plan: LevelPlan,
         eviction: EvictionPolicy,
-        clock: SimClock,
+        clock: VirtualClock,
         index: IndexPlane,
         incarnation: int,
     ) -> None:
@@ -93,7 +93,7 @@ class WorkerPool:
         topology: Topology,
         plan: LevelPlan,
         eviction: EvictionPolicy,
-        clock: SimClock,
+        clock: VirtualClock,
         index: IndexPlane,
         seed: int,
     ) -> None:

@@ -27,7 +27,6 @@ from numpy.typing import NDArray
 from kvcompass.keys import Namespace
 from kvcompass.levels import plan_levels
 from kvcompass.loadgen.sim.config import SimConfig
-from kvcompass.loadgen.sim.events import EventQueue, SimClock
 from kvcompass.loadgen.sim.index import IndexPlane
 from kvcompass.loadgen.sim.pool import SimWorker, WorkerPool
 from kvcompass.loadgen.sim.records import LoadSample, SimRecord, SimResult
@@ -42,6 +41,7 @@ from kvcompass.routing import (
     RoutingPolicy,
     make_policy,
 )
+from kvcompass.virtual_time import EventQueue, VirtualClock
 from kvcompass.worker import Emitted, MigrationMode, Request, Sequence
 
 __all__ = ["Progress", "Simulation", "simulate"]
@@ -74,7 +74,7 @@ class Simulation:
         self.config = config
         topology = config.topology
         self.topology = topology
-        self.clock = SimClock()
+        self.clock = VirtualClock()
         self.events = EventQueue()
         self._rng = random.Random(config.seed)
         plan = plan_levels(topology)
@@ -147,16 +147,9 @@ class Simulation:
         self._next_arrival()
         self.events.push(0.0, self._broadcast)
         self.events.push(self.config.sample_every_s, self._sample)
-        clock, events = self.clock, self.events
-        while events and (self._pending or self._arrival_queued):
-            t, handler, arg = events.pop()
-            clock.set(t)
-            handler(arg)
-        end = clock.monotonic() + settle_s
-        while (due := events.next_time()) is not None and due <= end:
-            t, handler, arg = events.pop()
-            clock.set(t)
-            handler(arg)
+        if self._pending or self._arrival_queued:
+            self.events.run(self.clock)  # until the last response is back (_feedback)
+        self.events.run(self.clock, until=self.clock.monotonic() + settle_s)
 
     @staticmethod
     def _before(requests: Iterable[LiveRequest], limit: float) -> Iterator[LiveRequest]:
@@ -303,6 +296,8 @@ class Simulation:
         origin, feedback = arg
         self.policies[origin].observe(feedback)
         self._pending -= 1
+        if not self._pending and not self._arrival_queued:
+            self.events.stop()
 
     # -- periodic --------------------------------------------------------------------
 

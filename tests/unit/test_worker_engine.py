@@ -11,9 +11,9 @@ import pytest
 
 from kvcompass.index.layout import Tier
 from kvcompass.keys import Namespace
-from kvcompass.loadgen.sim.events import SimClock
 from kvcompass.pipeline.clock import ManualClock
 from kvcompass.topology import load_builtin
+from kvcompass.virtual_time import VirtualClock
 from kvcompass.worker import (
     CostModel,
     Emitted,
@@ -265,7 +265,7 @@ def _drive(
 ) -> tuple[list[tuple[str, int, float, bool]], list[float]]:
     """First and last tokens, and the queue after each arrival, with the engine advanced
     at the times ``wake`` names (and at each arrival)."""
-    clock = SimClock()
+    clock = VirtualClock()
     e = EmulatedEngine(PrefixCache(16, 200, 400, ()), COST, clock, stream=stream)
     rng = random.Random(seed)
     out: list[Emitted] = []
