@@ -16,13 +16,16 @@ and :meth:`ShardEventBuffers.add` says when a shard holds ``max_events`` events,
 publisher flushes before a batch would hold more than a message may.
 """
 
+from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, realloc
+from libc.string cimport strcmp
 
 import numpy as np
 
 from kvcompass.shard_hash cimport shard_of_key
+from kvcompass.xxh3 cimport digest_prefixes
 
 __all__ = ["ShardEventBuffers"]
 
@@ -183,6 +186,47 @@ cdef class ShardEventBuffers:
         self._lengths[0] = _checked_length(length)
         self._keys[0] = _checked_key(key)
         return self._add(<uint8_t>kind, <uint8_t>tier, 1)
+
+    def add_prefixes(self, int kind, int tier, bytes head, object tokens, object lengths):
+        """One change keyed here: the prefixes of ``tokens`` (a C-contiguous buffer of
+        uint32 token ids) at the ascending ``lengths`` up to the prompt's length, each
+        keyed ``XXH3-64(head + its tokens' bytes) & (2^63 - 1)``, as
+        :class:`~kvcompass.keys.PrefixHasher` keys them with ``head`` its
+        :attr:`~kvcompass.keys.PrefixHasher.head`. Then as :meth:`add`. TypeError:
+        ``tokens`` is not such a buffer (and nothing was added)."""
+        cdef Py_buffer view
+        cdef Py_ssize_t n_items, n = 0
+        cdef uint32_t length, previous = 0
+        if not _valid_pair(kind, tier):
+            raise ValueError(f"kind {kind} with tier {tier} is not a valid event")
+        try:
+            PyObject_GetBuffer(tokens, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+        except (BufferError, TypeError, ValueError) as exc:
+            raise TypeError(f"tokens must be a C-contiguous uint32 buffer: {exc}") from None
+        try:
+            if view.itemsize != 4 or view.format == NULL or not (
+                strcmp(view.format, b"I") == 0 or strcmp(view.format, b"=I") == 0
+                or strcmp(view.format, b"<I") == 0
+            ):
+                raise TypeError(f"tokens must hold uint32 items, not {view.format!r}")
+            n_items = view.len // 4
+            self._reserve_scratch(len(lengths))
+            for item in lengths:
+                length = _checked_length(item)
+                if length > n_items:
+                    break
+                if length < previous:
+                    raise ValueError(f"lengths must ascend: {length} after {previous}")
+                self._lengths[n] = length
+                previous = length
+                n += 1
+            digest_prefixes(
+                <const char*>head, len(head), <const char*>view.buf, self._lengths, n,
+                _KEY_MAX, self._keys,
+            )
+        finally:
+            PyBuffer_Release(&view)
+        return self._add(<uint8_t>kind, <uint8_t>tier, n)
 
     cdef bint _add(self, uint8_t kind, uint8_t tier, Py_ssize_t n) except -1:
         """Group the checked scratch keys by shard and append one event per shard."""

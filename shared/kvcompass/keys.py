@@ -49,6 +49,7 @@ __all__ = [
     "prefix_keys",
     "shard_of",
     "shard_of_array",
+    "token_array",
 ]
 
 #: A prompt's token ids: Python ints or a 1-D numpy integer array, each in [0, 2^32).
@@ -163,7 +164,7 @@ def _token_bytes(tokens: TokenIds, limit: int) -> bytes | memoryview:
     return np.ascontiguousarray(arr, dtype=_TOKEN_DTYPE).tobytes()
 
 
-def _token_array(tokens: TokenIds) -> NDArray[np.uint32]:
+def token_array(tokens: TokenIds) -> NDArray[np.uint32]:
     """The tokens as a contiguous little-endian uint32 array (themselves if they are one)."""
     if (
         type(tokens) is np.ndarray
@@ -198,9 +199,12 @@ class PrefixHasher:
         self.lengths = _checked_lengths(lengths)
         self.namespace = namespace
         self.key_hash = KeyHash(key_hash)
-        self._prefix = namespace.key_prefix(self.key_hash)
-        # The compiled digests hash the tokens' bytes in the host's order.
-        self._xxh3 = self.key_hash is KeyHash.XXH3 and sys.byteorder == "little"
+        #: What every key's digest starts with: the hash's tag and the namespace.
+        self.head = namespace.key_prefix(self.key_hash)
+        #: Whether its keys are XXH3 digests of the tokens' bytes as the host holds them
+        #: (little-endian hosts): the compiled digests, which callers may take too
+        #: (:meth:`kvcompass.event_buffers.ShardEventBuffers.add_prefixes`).
+        self.compiled = self.key_hash is KeyHash.XXH3 and sys.byteorder == "little"
 
     def keys(self, tokens: TokenIds) -> dict[int, int]:
         """63-bit key of the first ``c`` tokens for each length ``c`` (one hash pass).
@@ -227,7 +231,7 @@ class PrefixHasher:
         return self._key_array(tokens, lengths)
 
     def _key_array(self, tokens: TokenIds, lengths: Sequence[int]) -> NDArray[np.uint64]:
-        if self._xxh3:
+        if self.compiled:
             return self._walked_keys(tokens, lengths)
         return np.array(self._keys_at(tokens, lengths), dtype=np.uint64)
 
@@ -235,7 +239,7 @@ class PrefixHasher:
         """The key at ``length``, one of this hasher's lengths that the caller has
         checked (None: the prompt is shorter). A worker's demotions and evictions are
         one length each, several per request once its cache is full."""
-        if self._xxh3:
+        if self.compiled:
             keys = self._walked_keys(tokens, (length,))
             return int(keys[0]) if len(keys) else None
         data = _token_bytes(tokens, length)
@@ -245,7 +249,7 @@ class PrefixHasher:
 
     def _keys_at(self, tokens: TokenIds, lengths: Sequence[int]) -> list[int]:
         """The keys at the ascending ``lengths`` that the prompt reaches."""
-        if self._xxh3:
+        if self.compiled:
             return self._walked_keys(tokens, lengths).tolist()  # type: ignore[no-any-return]
         if not len(lengths):
             return []
@@ -254,13 +258,13 @@ class PrefixHasher:
 
     def _walked_keys(self, tokens: TokenIds, lengths: Sequence[int]) -> NDArray[np.uint64]:
         """XXH3 keys in one compiled call (little-endian hosts)."""
-        return xxh3.digests_at(self._prefix, _token_array(tokens), lengths, MASK63)
+        return xxh3.digests_at(self.head, token_array(tokens), lengths, MASK63)
 
     def _streamed_keys(self, data: bytes | memoryview, ends: list[int]) -> list[int]:
         """One streaming state over ``data``, a key at each byte end it reaches."""
         data = memoryview(data)
         new, key_of = _STREAMS[self.key_hash]
-        state = new(self._prefix)
+        state = new(self.head)
         keys = []
         done = 0
         for end in ends:

@@ -23,7 +23,7 @@ from typing import Final
 
 from kvcompass.event_buffers import ShardEventBuffers
 from kvcompass.index.layout import Tier
-from kvcompass.keys import Namespace, PrefixHasher, TokenIds
+from kvcompass.keys import Namespace, PrefixHasher, TokenIds, token_array
 from kvcompass.levels import LevelPlan
 from kvcompass.pipeline.clock import Clock, SystemClock, stamp_ns
 from kvcompass.topology import Worker
@@ -138,7 +138,13 @@ class EventPublisher:
         lengths = self._lengths if lengths is None else self._checked(lengths)
         kind_value, tier_value = columns
         full = False
-        if len(lengths) == 1:  # a demotion or an eviction: one length, one shard
+        if hasher.compiled:  # keyed and grouped by shard in one compiled call
+            add, head = self._buffers.add_prefixes, hasher.head
+            try:
+                full = add(kind_value, tier_value, head, tokens, lengths)
+            except TypeError:  # not a uint32 array: checked and converted first
+                full = add(kind_value, tier_value, head, token_array(tokens), lengths)
+        elif len(lengths) == 1:  # a demotion or an eviction: one length, one shard
             key = hasher.key_at(tokens, lengths[0])
             if key is not None:
                 full = self._buffers.add_one(kind_value, tier_value, lengths[0], key)

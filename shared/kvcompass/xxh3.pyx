@@ -18,7 +18,8 @@ only, where those are the tokens' little-endian encoding.
 
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
-from libc.stdint cimport uint64_t
+from libc.stdint cimport uint32_t, uint64_t
+from libc.stdlib cimport free, malloc
 from libc.string cimport strcmp
 
 import numpy as np
@@ -40,10 +41,8 @@ def digests_at(bytes head, object body, object ends, uint64_t mask):
     counts) up to the first one past the body, as a uint64 array. ``body``: a
     C-contiguous buffer of uint32 items (a token array)."""
     cdef Py_buffer view
-    cdef XXH3_state_t state
-    cdef Py_ssize_t n_items, count = 0, done = 0, end, j
-    cdef const char* data
-    cdef char* out
+    cdef Py_ssize_t n_items, count = 0, done = 0, end
+    cdef uint32_t* counted = NULL
     PyObject_GetBuffer(body, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
     try:
         if view.itemsize != 4 or view.format == NULL or not (
@@ -53,24 +52,41 @@ def digests_at(bytes head, object body, object ends, uint64_t mask):
             raise TypeError(f"the body must hold uint32 items, not {view.format!r}")
         n_items = view.len // 4
         ends = tuple(ends)
+        counted = <uint32_t*>malloc((len(ends) + 1) * sizeof(uint32_t))
+        if counted == NULL:
+            raise MemoryError()
         for end in ends:
             if end > n_items:
                 break
             if end < done:
                 raise ValueError(f"ends must ascend: {end} after {done}")
             done = end
+            counted[count] = <uint32_t>end
             count += 1
         digests = PyByteArray_FromStringAndSize(NULL, 8 * count)
-        out = PyByteArray_AS_STRING(digests)
-        data = <const char*>view.buf
-        XXH3_64bits_reset(&state)
-        XXH3_64bits_update(&state, <const char*>head, len(head))
-        done = 0
-        for j in range(count):
-            end = ends[j]
-            XXH3_64bits_update(&state, data + 4 * done, 4 * (end - done))
-            (<uint64_t*>out)[j] = XXH3_64bits_digest(&state) & mask
-            done = end
+        digest_prefixes(
+            <const char*>head, len(head), <const char*>view.buf, counted, count, mask,
+            <uint64_t*>PyByteArray_AS_STRING(digests),
+        )
         return np.frombuffer(digests, np.uint64)
     finally:
+        free(counted)
         PyBuffer_Release(&view)
+
+
+cdef void digest_prefixes(
+    const char* head, size_t head_length, const char* body, const uint32_t* ends,
+    Py_ssize_t count, uint64_t mask, uint64_t* out,
+) noexcept nogil:
+    """``out[j] = XXH3-64(head + body[:4 * ends[j]]) & mask``: one streaming state, an
+    update per end and a digest of a copy. ``ends`` ascend, each within ``body``."""
+    cdef XXH3_state_t state
+    cdef Py_ssize_t j
+    cdef size_t done = 0, end
+    XXH3_64bits_reset(&state)
+    XXH3_64bits_update(&state, head, head_length)
+    for j in range(count):
+        end = ends[j]
+        XXH3_64bits_update(&state, body + 4 * done, 4 * (end - done))
+        out[j] = XXH3_64bits_digest(&state) & mask
+        done = end

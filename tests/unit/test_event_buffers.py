@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from numpy.typing import NDArray
 
 from kvcompass.event_buffers import ShardEventBuffers
-from kvcompass.keys import shard_of
+from kvcompass.keys import KeyHash, Namespace, PrefixHasher, shard_of
 from kvcompass.wire import KVEventBatch
 
 VALID_PAIRS = [(1, 1), (1, 2), (2, 1), (2, 2), (3, 0)]
@@ -150,3 +150,49 @@ def test_mark_all_sends_every_shard_and_discard_drops_everything() -> None:
     assert [(c[0], len(c[5])) for c in buffers.take()] == [(0, 0), (1, 0), (2, 0)]
     with pytest.raises(ValueError, match="n_shards must be positive"):
         ShardEventBuffers(0, 10)
+
+
+@given(
+    st.integers(1, 16),
+    st.sampled_from(VALID_PAIRS),
+    st.lists(st.integers(0, (1 << 32) - 1), max_size=80),
+    st.sets(st.integers(1, 100), min_size=1, max_size=12),
+)
+@settings(max_examples=300, deadline=None)
+def test_prefixes_keyed_here_are_the_hashers_keys_added(
+    n_shards: int, pair: tuple[int, int], ids: list[int], lengths: set[int]
+) -> None:
+    """add_prefixes is PrefixHasher.key_array_at then add, in one call: the same columns
+    (lengths past the prompt ignored)."""
+    namespace = Namespace("m", "t")
+    hasher = PrefixHasher(lengths, namespace, KeyHash.XXH3)
+    assert hasher.compiled
+    tokens = np.array(ids, dtype=np.uint32)
+    (kind, tier), ascending = pair, sorted(lengths)
+    keyed, given_keys = ShardEventBuffers(n_shards, 1 << 16), ShardEventBuffers(n_shards, 1 << 16)
+    keyed.add_prefixes(kind, tier, hasher.head, tokens, ascending)
+    given_keys.add(kind, tier, ascending, hasher.key_array_at(tokens, ascending))
+    assert keyed.pending_keys == given_keys.pending_keys == sum(c <= len(ids) for c in lengths)
+    assert [listed(c) for c in keyed.take()] == [listed(c) for c in given_keys.take()]
+
+
+@pytest.mark.parametrize(
+    ("tokens", "lengths", "error", "message"),
+    [
+        (np.arange(40, dtype=np.int64), [8, 16], TypeError, "uint32 items"),
+        (np.arange(80, dtype=np.uint32)[::2], [8, 16], TypeError, "C-contiguous"),
+        ([1, 2, 3] * 10, [8, 16], TypeError, "C-contiguous uint32 buffer"),
+        (np.arange(40, dtype=np.uint32), [16, 8], ValueError, "must ascend"),
+        (np.arange(40, dtype=np.uint32), [0, 8], ValueError, "length 0"),
+    ],
+)
+def test_prefixes_refused_raise_and_add_nothing(
+    tokens: object, lengths: list[int], error: type[Exception], message: str
+) -> None:
+    buffers = ShardEventBuffers(4, 1 << 16)
+    buffers.add(1, 1, [8], np.array([3], dtype=np.uint64))
+    head = PrefixHasher([8], Namespace("m")).head
+    with pytest.raises(error, match=message):
+        buffers.add_prefixes(1, 1, head, tokens, lengths)
+    assert buffers.pending_keys == 1
+    assert [listed(columns)[5] for columns in buffers.take()] == [[3]]

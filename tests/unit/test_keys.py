@@ -246,7 +246,7 @@ def test_the_streamed_keys_equal_the_compiled_ones() -> None:
     tokens = np.random.default_rng(7).integers(0, 2**32, 3000, dtype=np.uint32)
     compiled = PrefixHasher([16, 64, 200, 256, 1024, 2048, 2900], NS, KeyHash.XXH3)
     streamed = PrefixHasher(compiled.lengths, NS, KeyHash.XXH3)
-    streamed._xxh3 = False
+    streamed.compiled = False
     assert streamed.key_list(tokens) == compiled.key_list(tokens)
     selection = [200, 2048]
     assert streamed.key_array_at(tokens, selection).tolist() == (

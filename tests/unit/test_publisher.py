@@ -67,6 +67,22 @@ def test_changes_alternating_namespaces_and_lengths_each_get_their_own_keys() ->
             assert keys_sent(sent) == set(prefix_keys(TOKENS, lengths, tenant).items())
 
 
+@pytest.mark.parametrize(
+    "as_given",
+    [list, np.int64, lambda t: t[::-1].copy()[::-1], lambda t: np.frombuffer(t.tobytes(), "<u4")],
+    ids=["list", "int64", "strided", "read-only"],
+)
+def test_tokens_in_any_form_publish_the_keys_of_their_ids(as_given: object) -> None:
+    """A uint32 array is keyed as it is; any other form is checked and converted first."""
+    given: list[tuple[int, bytes]] = []
+    reference: list[tuple[int, bytes]] = []
+    tokens = TOKENS[:300]
+    converted = as_given(tokens) if callable(as_given) else tokens
+    publisher(given).admit(converted)
+    publisher(reference).admit(tokens)
+    assert keys_sent(given) == keys_sent(reference) != set()
+
+
 def test_a_length_that_is_not_registered_is_refused() -> None:
     with pytest.raises(ValueError, match="not registration lengths"):
         publisher([]).publish(EventKind.ADMIT, TOKENS, Tier.VRAM, lengths=(17,))
