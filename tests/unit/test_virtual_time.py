@@ -7,6 +7,7 @@ import gc
 import math
 import random
 import weakref
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -20,8 +21,12 @@ from kvcompass.virtual_time import EventQueue, VirtualClock
 def test_events_run_by_time_then_in_the_order_they_were_scheduled(times: list[int]) -> None:
     queue, clock = EventQueue(), VirtualClock()
     ran: list[tuple[float, int, float]] = []
+
+    def handler(at: float) -> Callable[[int], None]:
+        return lambda i: ran.append((at, i, clock.monotonic()))
+
     for i, t in enumerate(times):
-        queue.push(t / 4, lambda i, t=t / 4: ran.append((t, i, clock.monotonic())), i)
+        queue.push(t / 4, handler(t / 4), i)
     assert len(queue) == len(times)
     queue.run(clock)
     assert [(t, i) for t, i, _ in ran] == sorted((t / 4, i) for i, t in enumerate(times))
