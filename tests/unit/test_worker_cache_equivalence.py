@@ -15,6 +15,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 
 from kvcompass.index.layout import Tier
@@ -156,14 +157,22 @@ def test_long_prompts_too(policy: EvictionPolicy, vram: int, dram: int) -> None:
         assert new == old, f"seed {seed}"
 
 
+def _array_prompt(rng: random.Random) -> Any:
+    """A prompt as the engine passes it: a uint32 array."""
+    return np.array(_prompt(rng), dtype=np.uint32)
+
+
 @pytest.mark.parametrize("policy", list(EvictionPolicy))
 @pytest.mark.parametrize(("vram", "dram"), [(3, 5), (4, 0), (12, 30)])
+@pytest.mark.parametrize("prompt", [_prompt, _array_prompt], ids=["list", "array"])
 def test_a_use_right_after_its_match_equals_the_reference(
-    policy: EvictionPolicy, vram: int, dram: int
+    policy: EvictionPolicy, vram: int, dram: int, prompt: Callable[[random.Random], Any]
 ) -> None:
     """The use takes the match's walk unless the cache changed since: never a stale one."""
     for seed in range(4):
-        old, new, cache, matches = _run(seed, policy, vram, dram, ops=1500, then_use=0.8)
+        old, new, cache, matches = _run(
+            seed, policy, vram, dram, ops=1500, prompt=prompt, then_use=0.8
+        )
         assert new == old, f"seed {seed}"
         # Not vacuous: without the match's walk every result but a clear's would walk
         # once (a match followed by its use adds one result, the match's own); only a
@@ -172,6 +181,18 @@ def test_a_use_right_after_its_match_equals_the_reference(
         walking = len(results) - sum(len(r) == 3 and r[0] is None for r in results)
         assert any(len(r) == 2 for r in results)
         assert walking - matches <= cache.walks < walking
+
+
+def test_a_prompt_changed_in_place_after_its_match_is_walked_again() -> None:
+    """The match's walk is kept for the same tokens, not for the same array object."""
+    fresh, reused = PrefixCache(BLOCK, 8, 8, (2,)), PrefixCache(BLOCK, 8, 8, (2,))
+    for cache in (fresh, reused):
+        cache.use(NAMESPACES[0], [1, 2, 3, 4])
+    tokens = np.array([1, 2, 3, 4], dtype=np.uint32)
+    assert reused.match(NAMESPACES[0], tokens).tokens == 4
+    tokens[2] = 9  # same object, other prompt: held to 2 tokens only
+    assert reused.use(NAMESPACES[0], tokens) == fresh.use(NAMESPACES[0], tokens)
+    assert reused.use(NAMESPACES[0], tokens).tokens == 4  # its new branch was admitted
 
 
 def test_the_comparison_sees_changes() -> None:

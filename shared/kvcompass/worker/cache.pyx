@@ -601,21 +601,28 @@ cdef class PrefixCache:
     # -- internals: holding a prompt ----------------------------------------------------
 
     cdef object _hold(self, object namespace, object tokens, int tier):
-        cdef bytes data = _as_bytes(tokens)
+        cdef bytes data
         cdef Py_ssize_t width = self._width
-        cdef list path
+        cdef list path = None
         cdef _Run run, tail
         cdef Py_ssize_t held, n_blocks, end, first_promoted = 0, last_promoted = 0
         cdef Py_ssize_t first_admitted = 0, last_admitted = 0
         cdef int64_t op, base
         cdef bint vram = tier == VRAM
-        if (
-            self._walked_path is not None
-            and (self._walked_data is data or self._walked_data == data)
-            and (self._walked_namespace is namespace or self._walked_namespace == namespace)
+        if self._walked_path is not None and (
+            self._walked_namespace is namespace or self._walked_namespace == namespace
         ):
-            path = self._walked_path
+            # The prompt just matched (an engine's use on an idle worker): compared in
+            # place, its bytes and walk are the match's.
+            if _holds_bytes(tokens, self._walked_data):
+                data = self._walked_data
+            else:
+                data = _as_bytes(tokens)
+            if data is self._walked_data or data == self._walked_data:
+                path = self._walked_path
         else:
+            data = _as_bytes(tokens)
+        if path is None:
             path = self._walk(namespace, data)
         self._forget_walk()  # holding changes the cache
         before = self._summary(path)
@@ -1186,6 +1193,23 @@ cdef class PrefixCache:
         length = (depth * self.block_size,)
         self._on_change(PrefixChange(namespace, kind, _TIERS[tier], tokens, length))
         return 0
+
+
+cdef bint _holds_bytes(object tokens, bytes data):
+    """Whether ``tokens`` is a C-contiguous uint32 buffer of exactly ``data``'s bytes
+    (False for anything else, which :func:`_as_bytes` then converts)."""
+    cdef Py_buffer view
+    cdef bint same = False
+    if not PyObject_CheckBuffer(tokens):
+        return False
+    try:
+        PyObject_GetBuffer(tokens, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+    except (BufferError, ValueError, TypeError):
+        return False
+    if view.itemsize == 4 and view.format is not NULL and strcmp(view.format, b"I") == 0:
+        same = view.len == len(data) and memcmp(view.buf, PyBytes_AS_STRING(data), view.len) == 0
+    PyBuffer_Release(&view)
+    return same
 
 
 cdef bytes _as_bytes(object tokens):
