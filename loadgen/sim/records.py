@@ -24,11 +24,13 @@ from typing import Any
 
 import numpy as np
 
+from kvcompass.frozen_init import frozen_init
 from kvcompass.loadgen.sim.fingerprint import code_fingerprint
 
 __all__ = ["LoadSample", "SimRecord", "SimResult"]
 
 
+@frozen_init
 @dataclass(frozen=True, slots=True)
 class SimRecord:
     """One request, times in ms. ``matched_tokens``: what the policy claimed at the worker;
@@ -70,6 +72,7 @@ class SimRecord:
         return self.prompt_tokens - self.reused_tokens
 
 
+@frozen_init
 @dataclass(frozen=True, slots=True)
 class LoadSample:
     """One worker in one sample window: its queue and completions at ``t_s``, and its

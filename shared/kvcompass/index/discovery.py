@@ -21,6 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvcompass.errors import BadInput
+from kvcompass.frozen_init import frozen_init
 from kvcompass.index import probe
 from kvcompass.index.layout import IndexLayout, Tier
 from kvcompass.index.patches import TablePatch
@@ -41,6 +42,7 @@ __all__ = [
 TableKey = tuple[int, int]
 
 
+@frozen_init
 @dataclass(frozen=True, slots=True)
 class Match:
     """Per worker (global index): longest matched prefix length (0: none) and its tier."""
@@ -52,6 +54,7 @@ class Match:
         return {w: (n, Tier(self.tiers[w])) for w, n in enumerate(self.lengths) if n}
 
 
+@frozen_init
 @dataclass(frozen=True, slots=True)
 class MultiLevelQuery:
     """A prompt's keys at the lengths one edge queries, per target region, ascending.

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from kvcompass.errors import BadInput
+from kvcompass.frozen_init import frozen_init
 from kvcompass.index.layout import Tier
 from kvcompass.keys import Namespace, TokenIds
 from kvcompass.routing.migration import MigrationOrder
@@ -30,6 +31,7 @@ __all__ = [
 ]
 
 
+@frozen_init
 @dataclass(frozen=True, slots=True)
 class RouteRequest:
     request_id: str
@@ -82,6 +84,7 @@ class Candidate(NamedTuple):
         }
 
 
+@frozen_init
 @dataclass(frozen=True, slots=True)
 class Decision:
     """Where to send a request, and why.
@@ -137,6 +140,7 @@ class Decision:
         }
 
 
+@frozen_init
 @dataclass(frozen=True, slots=True)
 class RegionQueues:
     """A region's per-worker queue estimates (ms), keyed by global worker index.
@@ -151,6 +155,7 @@ class RegionQueues:
     queue_ms: Mapping[int, float]
 
 
+@frozen_init
 @dataclass(frozen=True, slots=True)
 class Feedback:
     """What a worker's response tells the edge that sent the request."""

@@ -11,6 +11,7 @@ from enum import StrEnum
 import numpy as np
 from numpy.typing import NDArray
 
+from kvcompass.frozen_init import frozen_init
 from kvcompass.index.layout import Tier
 from kvcompass.keys import Namespace
 from kvcompass.wire import EventKind
@@ -26,6 +27,7 @@ class EvictionPolicy(StrEnum):
     FIFO = "fifo"  # cached earliest (promotion and reuse do not renew it)
 
 
+@frozen_init
 @dataclass(frozen=True, slots=True)
 class PrefixChange:
     """One change the index must learn: the prefixes of ``tokens`` at ``lengths``."""
@@ -40,6 +42,7 @@ class PrefixChange:
 OnChange = Callable[[PrefixChange], None]
 
 
+@frozen_init
 @dataclass(frozen=True, slots=True)
 class CacheMatch:
     """The held prefix of a prompt: ``tokens`` long, the last ``dram_tokens`` in DRAM."""

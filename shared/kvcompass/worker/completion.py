@@ -10,11 +10,13 @@ from enum import StrEnum
 import numpy as np
 from numpy.typing import NDArray
 
+from kvcompass.frozen_init import frozen_init
 from kvcompass.keys import Namespace
 
 __all__ = ["MigrationMode", "Request", "Timings"]
 
 
+@frozen_init
 @dataclass(frozen=True, slots=True)
 class Request:
     """A completion to compute: ``max_tokens`` (≥ 1) output tokens after the prompt."""
@@ -29,6 +31,7 @@ class Request:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
 
 
+@frozen_init
 @dataclass(frozen=True, slots=True)
 class Timings:
     """Where a completion's time went, in emulated milliseconds."""

@@ -1,0 +1,108 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
+# cython: embedsignature=True, binding=True, auto_pickle=False
+# distutils: extra_compile_args = -O2
+"""A frozen slotted dataclass's ``__init__``, writing the slots from C.
+
+The values a request carries through the router and the simulator (the request, the
+decision, the response's feedback and queue vector, the cache's match and changes, the
+record) are frozen dataclasses: immutable, hashable, with ``fields``, ``replace`` and a
+readable repr. Their generated ``__init__`` sets each field through
+``object.__setattr__`` (a frozen class refuses plain assignment), about 75 ns a field:
+a 23-field record took 1.7 µs to build, a plain slotted dataclass 0.3 µs, and together
+they cost a simulated request about 7 % (paired runs). :func:`frozen_init` keeps
+everything the dataclass is and replaces only ``__init__``: one generated with the same
+signature (defaults included) that hands the values to a compiled writer, which stores
+each in its slot as a member descriptor would, then calls ``__post_init__`` if the
+class has one. The signatures are in ``frozen_init.pyi``.
+"""
+
+import dataclasses
+import inspect
+import types
+
+from cpython.ref cimport Py_INCREF, Py_XDECREF, PyObject
+from libc.stdlib cimport free, malloc
+
+__all__ = ["frozen_init"]
+
+
+cdef extern from "Python.h":
+    # The offset a slot's member descriptor reads and writes (structmember.h).
+    ctypedef struct PyMemberDef:
+        Py_ssize_t offset
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef* d_member
+
+
+cdef class _SlotWriter:
+    """Stores a tuple of values in an instance's slots, in field order."""
+
+    cdef type cls
+    cdef Py_ssize_t n
+    cdef Py_ssize_t* offsets
+
+    def __cinit__(self, type cls, tuple names):
+        self.cls = cls
+        self.n = len(names)
+        self.offsets = <Py_ssize_t*>malloc(max(self.n, 1) * sizeof(Py_ssize_t))
+        if self.offsets is NULL:
+            raise MemoryError()
+        for i, name in enumerate(names):
+            slot = cls.__dict__.get(name)
+            if type(slot) is not types.MemberDescriptorType:
+                raise TypeError(f"{cls.__name__}.{name} is not a slot of the class")
+            self.offsets[i] = (<PyMemberDescrObject*>slot).d_member.offset
+
+    def __dealloc__(self):
+        free(self.offsets)
+
+    def __call__(self, obj, tuple values):
+        cdef Py_ssize_t i
+        cdef PyObject** slot
+        if not isinstance(obj, self.cls):
+            raise TypeError(f"not a {self.cls.__name__}: {type(obj).__name__}")
+        if len(values) != self.n:
+            raise TypeError(f"{self.cls.__name__} takes {self.n} values, not {len(values)}")
+        for i in range(self.n):
+            value = values[i]
+            slot = <PyObject**>(<char*><PyObject*>obj + self.offsets[i])
+            Py_INCREF(value)
+            Py_XDECREF(slot[0])
+            slot[0] = <PyObject*>value
+
+
+def frozen_init(cls):
+    """Class decorator, above ``@dataclass(frozen=True, slots=True)``: the same class,
+    its ``__init__`` compiled. Refuses (TypeError) a class it would not build alike:
+    not a frozen slotted dataclass, or with fields outside ``__init__``, keyword-only
+    fields, default factories or init-only variables."""
+    params = getattr(cls, "__dataclass_params__", None)
+    if params is None or not params.frozen or "__slots__" not in cls.__dict__:
+        raise TypeError(f"{cls.__name__} is not a frozen slotted dataclass")
+    fields = dataclasses.fields(cls)
+    for f in fields:
+        if not f.init or f.kw_only or f.default_factory is not dataclasses.MISSING:
+            raise TypeError(f"{cls.__name__}.{f.name}: only plain positional fields")
+    names = tuple(f.name for f in fields)
+    if tuple(inspect.signature(cls.__init__).parameters) != ("self", *names):
+        raise TypeError(f"{cls.__name__}.__init__ takes more than its fields")
+    scope = {"_write": _SlotWriter(cls, names)}
+    parameters = []
+    for f in fields:
+        if f.default is dataclasses.MISSING:
+            parameters.append(f.name)
+        else:
+            scope[f"_default_{f.name}"] = f.default
+            parameters.append(f"{f.name}=_default_{f.name}")
+    values = "".join(f"{name}, " for name in names)
+    body = f"    _write(self, ({values}))\n"
+    if hasattr(cls, "__post_init__"):
+        body += "    self.__post_init__()\n"
+    source = f"def __init__(self, {', '.join(parameters)}):\n{body}"
+    exec(source, scope)
+    init = scope["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__module__ = cls.__module__
+    init.__doc__ = cls.__init__.__doc__
+    cls.__init__ = init
+    return cls
