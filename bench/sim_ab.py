@@ -122,11 +122,18 @@ def child(kind: str, count: int, seed: int) -> None:
 
 
 def timed_run(python: str, root: Path, kind: str, count: int, seed: int) -> dict[str, Any]:
+    return child_run(python, root, __file__, [kind, str(count), str(seed)])
+
+
+def child_run(python: str, root: Path, script: str, args: list[str]) -> dict[str, Any]:
+    """``script --child *args`` in a process whose ``kvcompass`` is the package under
+    ``root``: the JSON object its last line prints."""
     env = {**os.environ, "PYTHONPATH": str(root)}
-    command = [python, __file__, "--child", kind, str(count), str(seed)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [python, script, "--child", *args], env=env, capture_output=True, text=True
+    )
     if done.returncode:
-        sys.exit(f"a {kind} run of {root} with {python} failed:\n{done.stderr[-3000:]}")
+        sys.exit(f"{script} {args} on {root} with {python} failed:\n{done.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
     return result
 

@@ -26,7 +26,6 @@ import hashlib
 import itertools
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -104,19 +103,8 @@ def run(policy: EvictionPolicy, calls: int, seed: int) -> dict[str, Any]:
     }
 
 
-def timed_run(root: Path, policy: EvictionPolicy, calls: int, seed: int) -> dict[str, Any]:
-    """One run in a process whose ``kvcompass`` is the package under ``root``."""
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    command = [sys.executable, __file__, "--child", policy.value, str(calls), str(seed)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    if done.returncode:
-        sys.exit(f"a run of {root} failed:\n{done.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
-    return result
-
-
 def main() -> None:
-    from sim_ab import export, package_root  # beside this file
+    from sim_ab import child_run, export, package_root  # beside this file
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer timed calls")
@@ -148,7 +136,8 @@ def main() -> None:
         }
         for _ in range(args.rounds):
             for name, root in roots.items():
-                rounds[name].append(timed_run(root, policy, calls, args.seed))
+                run_args = [policy.value, str(calls), str(args.seed)]
+                rounds[name].append(child_run(sys.executable, root, __file__, run_args))
     best = {name: min(runs, key=lambda r: r["wall_s"]) for name, runs in rounds.items()}
     report: dict[str, Any] = {
         "topology": TOPOLOGY.name,

@@ -102,25 +102,23 @@ cdef class _Run:
         self, namespace, parent, bytes source, Py_ssize_t first, Py_ssize_t last,
         int tier, int64_t base, int64_t uses, int64_t pin, int64_t version,
     ):
-        self.namespace = namespace
-        self.parent = parent
-        self.source = source
-        self.first = first
-        self.last = last
-        self.children = {}
-        self.tier = tier
-        self.base = base
-        self.uses = uses
-        self.pin = pin
-        self.version = version
-        self.vram_children = 0
+        _fill(self, namespace, parent, source, first, last, tier, base, uses, pin, version)
 
 
 cdef inline _Run _new_run(
     object namespace, _Run parent, bytes source, Py_ssize_t first, Py_ssize_t last,
     int tier, int64_t base, int64_t uses, int64_t pin, int64_t version,
 ):
+    """A run made from C (its __init__ parses Python arguments)."""
     cdef _Run run = _Run.__new__(_Run)
+    _fill(run, namespace, parent, source, first, last, tier, base, uses, pin, version)
+    return run
+
+
+cdef inline void _fill(
+    _Run run, object namespace, _Run parent, bytes source, Py_ssize_t first,
+    Py_ssize_t last, int tier, int64_t base, int64_t uses, int64_t pin, int64_t version,
+) noexcept:
     run.namespace = namespace
     run.parent = parent
     run.source = source
@@ -133,7 +131,6 @@ cdef inline _Run _new_run(
     run.pin = pin
     run.version = version
     run.vram_children = 0
-    return run
 
 
 cdef _Run _only_child(dict children):
@@ -240,41 +237,30 @@ cdef class _VictimQueue:
     cdef Entry pop(self) noexcept:
         """Take the first entry out (its reference passes to the caller); not empty."""
         cdef Entry first = self.heap[0]
-        cdef Entry moved
-        cdef Py_ssize_t at = 0, child
         self.size -= 1
         if self.size:
-            moved = self.heap[self.size]
-            while True:
-                child = 2 * at + 1
-                if child >= self.size:
-                    break
-                if child + 1 < self.size and _before(&self.heap[child + 1], &self.heap[child]):
-                    child += 1
-                if not _before(&self.heap[child], &moved):
-                    break
-                self.heap[at] = self.heap[child]
-                at = child
-            self.heap[at] = moved
+            self.sift_down(0, self.heap[self.size])
         return first
 
     cdef void heapify(self) noexcept:
-        cdef Py_ssize_t start, at, child
-        cdef Entry moved
+        cdef Py_ssize_t start
         for start in range(self.size // 2 - 1, -1, -1):
-            at = start
-            moved = self.heap[at]
-            while True:
-                child = 2 * at + 1
-                if child >= self.size:
-                    break
-                if child + 1 < self.size and _before(&self.heap[child + 1], &self.heap[child]):
-                    child += 1
-                if not _before(&self.heap[child], &moved):
-                    break
-                self.heap[at] = self.heap[child]
-                at = child
-            self.heap[at] = moved
+            self.sift_down(start, self.heap[start])
+
+    cdef void sift_down(self, Py_ssize_t at, Entry moved) noexcept:
+        """Put ``moved`` at ``at`` or below, wherever the heap order wants it."""
+        cdef Py_ssize_t child
+        while True:
+            child = 2 * at + 1
+            if child >= self.size:
+                break
+            if child + 1 < self.size and _before(&self.heap[child + 1], &self.heap[child]):
+                child += 1
+            if not _before(&self.heap[child], &moved):
+                break
+            self.heap[at] = self.heap[child]
+            at = child
+        self.heap[at] = moved
 
 
 cdef class PrefixCache:
