@@ -13,13 +13,13 @@ corrupt or foreign snapshot is refused with an error naming the part, never rest
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import msgpack
 import numpy as np
+from isal.isal_zlib import crc32  # zlib's CRC-32, SIMD (pyproject: isal)
 
 from kvcompass.index.errors import SnapshotError
 from kvcompass.index.image import ImageHeader, ImageKind, open_image, open_key_image
@@ -81,7 +81,7 @@ class SnapshotMeta:
             },
             use_bin_type=True,
         )
-        return packed + _CRC.pack(zlib.crc32(packed))
+        return packed + _CRC.pack(crc32(packed))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SnapshotMeta:
@@ -89,7 +89,7 @@ class SnapshotMeta:
         if len(data) < _CRC.size:
             raise SnapshotError(f"meta: {len(data)} bytes, too short for a snapshot meta")
         body, (crc,) = data[: -_CRC.size], _CRC.unpack(data[-_CRC.size :])
-        if zlib.crc32(body) != crc:
+        if crc32(body) != crc:
             raise SnapshotError("meta: checksum mismatch (corrupt snapshot meta)")
         try:
             raw: Any = msgpack.unpackb(body, raw=False, strict_map_key=False)

@@ -15,11 +15,11 @@ bits, so every single flipped byte).
 from __future__ import annotations
 
 import struct
-import zlib
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
+from isal.isal_zlib import crc32  # zlib's CRC-32, SIMD (pyproject: isal)
 from numpy.typing import NDArray
 
 from kvcompass.index.errors import SnapshotError
@@ -151,7 +151,7 @@ class ImageHeader:
             0,
         )
         head = body[: _STRUCT.size - 4]
-        crc = zlib.crc32(head)
+        crc = crc32(head)
         return (head + struct.pack("<I", crc)).ljust(HEADER_SIZE, b"\0")
 
     @classmethod
@@ -164,7 +164,7 @@ class ImageHeader:
             raise SnapshotError(f"not a KVCompass Ludo image (magic {fields[0]!r})")
         if fields[1] != _FORMAT_VERSION:
             raise SnapshotError(f"unsupported image format version {fields[1]}")
-        if zlib.crc32(raw[:-4]) != fields[-1]:
+        if crc32(raw[:-4]) != fields[-1]:
             raise SnapshotError("image header checksum mismatch (corrupt header)")
         if any(data[_STRUCT.size : HEADER_SIZE]):
             raise SnapshotError("image header padding is not zero (corrupt header)")
@@ -197,7 +197,7 @@ def seal(
 ) -> bytes:
     """Bytes of ``buffer[:end]`` with a fresh header (sizes and payload checksum)."""
     payload = memoryview(buffer)[HEADER_SIZE:end]
-    header = ImageHeader(kind, geometry, count, len(payload), zlib.crc32(payload))
+    header = ImageHeader(kind, geometry, count, len(payload), crc32(payload))
     return b"".join((header.pack(), payload))  # one copy of the payload (snapshots: MBs)
 
 
@@ -209,7 +209,7 @@ def seal_keys(view: ImageHeader, keys: NDArray[np.int64]) -> bytes:
         view.geometry,
         view.count,
         len(payload),
-        zlib.crc32(payload),
+        crc32(payload),
         view.payload_crc,
     )
     return b"".join((header.pack(), payload))
@@ -227,7 +227,7 @@ def open_image(data: bytes | bytearray | memoryview, expect_kind: int) -> ImageH
         raise SnapshotError(
             f"image length {len(data)} does not match its geometry (expected {end} bytes)"
         )
-    if zlib.crc32(memoryview(data)[HEADER_SIZE:end]) != header.payload_crc:
+    if crc32(memoryview(data)[HEADER_SIZE:end]) != header.payload_crc:
         raise SnapshotError("image payload checksum mismatch (corrupt or truncated snapshot)")
     if header.kind == ImageKind.VIEW and header.view_crc != 0:
         raise SnapshotError("view image names a paired view (only key images do)")
