@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 import math
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvcompass.index.layout import Tier
 from kvcompass.pipeline.clock import ManualClock
@@ -12,6 +16,10 @@ from kvcompass.routing import Ablations, KVCompassPolicy, RoutingConfig
 from kvcompass.routing.pending import PendingPrefixes
 from kvcompass.routing.testing import A0, A1, TOY, StubReader, kvcompass_policy, queues, request
 from kvcompass.routing.testing import tokens as make_tokens
+
+# Beside this file (pytest puts its folder on sys.path); untyped on purpose: only a
+# reference to compare with.
+reference: Any = importlib.import_module("_pending_reference")
 
 #: The paper's score and no migration, pending credit on with half a second of slack.
 PENDING = RoutingConfig(
@@ -197,3 +205,44 @@ def test_settings_are_checked() -> None:
         PendingPrefixes(slack_s=-1.0)
     with pytest.raises(ValueError, match="pending_slack_s"):
         RoutingConfig(pending_slack_s=-0.1)
+
+
+@given(
+    st.floats(0.0, 2.0),
+    st.sampled_from([1, 3, 40, 400]),
+    st.lists(
+        st.tuples(
+            st.sampled_from(["record", "credit"]),
+            st.floats(0.0, 0.5),  # time step
+            st.lists(st.integers(0, 300), max_size=12),  # key choices, some repeated
+            st.integers(0, 7),  # worker
+            st.sampled_from([0.0, 0.05, 0.3, 1.0, math.inf]),  # wait
+        ),
+        max_size=200,
+    ),
+)
+@settings(max_examples=400, deadline=None)
+def test_the_compiled_memory_answers_as_the_python_one_did(
+    slack_s: float, capacity: int, operations: list[tuple[str, float, list[int], int, float]]
+) -> None:
+    """Records, lapses, repeats and the capacity bound, against the frozen reference:
+    every credit's lengths and tiers and every size equal, operation by operation."""
+    compiled, python = (
+        PendingPrefixes(slack_s, capacity),
+        reference.PendingPrefixes(slack_s, capacity),
+    )
+    now = 0.0
+    lengths, tiers = [0, 128, 0, 0, 512, 0, 0, 0], [0, 1, 0, 0, 2, 0, 0, 0]
+    for op, step, choices, worker, wait in operations:
+        now += step
+        keys = [(choice * 0x9E3779B97F4A7C15) & ((1 << 63) - 1) for choice in choices]
+        pairs = [(128 * (i + 1), key) for i, key in enumerate(keys)]
+        if op == "record":
+            compiled.record(worker, pairs, now, wait)
+            python.record(worker, pairs, now, wait)
+        else:
+            got = compiled.credit(pairs, lengths, tiers, now)
+            want = python.credit(pairs, lengths, tiers, now)
+            assert (list(got[0]), list(got[1])) == (list(want[0]), list(want[1]))
+            assert (got[0] is lengths) == (want[0] is lengths)  # new lists only if credited
+        assert len(compiled) == len(python)

@@ -1,4 +1,8 @@
-"""Prefixes an edge has just sent to a worker, credited before the index knows them.
+"""REFERENCE ORACLE FOR TESTS ONLY: ``kvcompass.routing.pending`` as it was in Python,
+before it was compiled (frozen; tests/unit/test_routing_pending.py holds the compiled
+one to it).
+
+Prefixes an edge has just sent to a worker, credited before the index knows them.
 
 A worker holds a prompt's blocks once its prefill starts, and the index learns of them a
 flush and a patch later. Until then a second request with the same prefix sees no
