@@ -451,7 +451,7 @@ cdef class PrefixCache:
         for namespace, root in self._roots.items():
             for run, depth in _blocks(root):
                 if self._registered_at(depth):
-                    tokens = np.frombuffer(run.source[: depth * self._width], dtype=_TOKEN)
+                    tokens = _prefix(run.source, depth * self.block_size)
                     length = (depth * self.block_size,)
                     yield PrefixChange(namespace, _ADMIT, _TIERS[run.tier], tokens, length)
 
@@ -1163,8 +1163,7 @@ cdef class PrefixCache:
         self._registered_range(first, last, &lo, &hi)
         if lo < hi:
             lengths = self._registered_lengths[lo:hi]
-            end = self._registered[hi - 1] * self._width
-            tokens = np.frombuffer(prompt[:end], dtype=_TOKEN)
+            tokens = _prefix(prompt, self._registered[hi - 1] * self.block_size)
             self._on_change(PrefixChange(namespace, kind, _TIERS[tier], tokens, lengths))
         return 0
 
@@ -1175,10 +1174,16 @@ cdef class PrefixCache:
         holds the path) that ends with block ``depth``."""
         if self._on_change is None:
             return 0
-        tokens = np.frombuffer(source[: depth * self._width], dtype=_TOKEN)
+        tokens = _prefix(source, depth * self.block_size)
         length = (depth * self.block_size,)
         self._on_change(PrefixChange(namespace, kind, _TIERS[tier], tokens, length))
         return 0
+
+
+cdef inline object _prefix(bytes prompt, Py_ssize_t n_tokens):
+    """A change's tokens: the first ``n_tokens`` of ``prompt`` as a read-only array over
+    its bytes (no copy; the prompt is held by the runs anyway)."""
+    return np.frombuffer(prompt, dtype=_TOKEN, count=n_tokens)
 
 
 cdef bint _holds_bytes(object tokens, bytes data):
