@@ -42,6 +42,8 @@ from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = ("short", "mixed", "long")
+#: Where revisions are kept, by commit, compiled (this and bench/worker_cache.py).
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kvcompass-sim-ab"
 
 
 def package_root(source: Path, into: Path) -> Path:
@@ -175,7 +177,7 @@ def main() -> None:
     p.add_argument(
         "--cache",
         type=Path,
-        default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kvcompass-sim-ab",
+        default=CACHE,
         help="where revisions are kept, by commit, with their compiled kernels",
     )
     p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)

@@ -104,7 +104,7 @@ def run(policy: EvictionPolicy, calls: int, seed: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    from sim_ab import child_run, export, package_root  # beside this file
+    from sim_ab import CACHE, child_run, export, package_root  # beside this file
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer timed calls")
@@ -116,7 +116,7 @@ def main() -> None:
     p.add_argument(
         "--cache",
         type=Path,
-        default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kvcompass-sim-ab",
+        default=CACHE,
         help="where revisions are kept, by commit, compiled",
     )
     p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)

@@ -20,11 +20,11 @@ from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBuffer_Release, 
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, realloc
-from libc.string cimport strcmp
 
 import numpy as np
 
 from kvcompass.shard_hash cimport shard_of_key
+from kvcompass.uint32_buffer cimport holds_uint32
 from kvcompass.xxh3 cimport digest_prefixes
 
 __all__ = ["ShardEventBuffers"]
@@ -204,10 +204,7 @@ cdef class ShardEventBuffers:
         except (BufferError, TypeError, ValueError) as exc:
             raise TypeError(f"tokens must be a C-contiguous uint32 buffer: {exc}") from None
         try:
-            if view.itemsize != 4 or view.format == NULL or not (
-                strcmp(view.format, b"I") == 0 or strcmp(view.format, b"=I") == 0
-                or strcmp(view.format, b"<I") == 0
-            ):
+            if not holds_uint32(&view):
                 raise TypeError(f"tokens must hold uint32 items, not {view.format!r}")
             n_items = view.len // 4
             self._reserve_scratch(len(lengths))

@@ -20,7 +20,8 @@ from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBuffer_Release, 
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
 from libc.stdint cimport uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport strcmp
+
+from kvcompass.uint32_buffer cimport holds_uint32
 
 import numpy as np
 
@@ -45,10 +46,7 @@ def digests_at(bytes head, object body, object ends, uint64_t mask):
     cdef uint32_t* counted = NULL
     PyObject_GetBuffer(body, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
     try:
-        if view.itemsize != 4 or view.format == NULL or not (
-            strcmp(view.format, b"I") == 0 or strcmp(view.format, b"=I") == 0
-            or strcmp(view.format, b"<I") == 0
-        ):
+        if not holds_uint32(&view):
             raise TypeError(f"the body must hold uint32 items, not {view.format!r}")
         n_items = view.len // 4
         ends = tuple(ends)

@@ -38,7 +38,9 @@ from cpython.dict cimport PyDict_Next
 from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject
 from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc, realloc
-from libc.string cimport memcmp, strcmp
+from libc.string cimport memcmp
+
+from kvcompass.uint32_buffer cimport holds_uint32
 
 import numpy as np
 
@@ -1197,7 +1199,7 @@ cdef bint _holds_bytes(object tokens, bytes data):
         PyObject_GetBuffer(tokens, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
     except (BufferError, ValueError, TypeError):
         return False
-    if view.itemsize == 4 and view.format is not NULL and strcmp(view.format, b"I") == 0:
+    if holds_uint32(&view):
         same = view.len == len(data) and memcmp(view.buf, PyBytes_AS_STRING(data), view.len) == 0
     PyBuffer_Release(&view)
     return same
@@ -1214,7 +1216,7 @@ cdef bytes _as_bytes(object tokens):
         except (BufferError, ValueError, TypeError):
             pass  # not contiguous: numpy copies it
         else:
-            if view.itemsize == 4 and view.format is not NULL and strcmp(view.format, b"I") == 0:
+            if holds_uint32(&view):
                 data = PyBytes_FromStringAndSize(<char*>view.buf, view.len)
             PyBuffer_Release(&view)
             if data is not None:
