@@ -110,6 +110,19 @@ class Namespace:
         if not self.model or not self.group:
             raise ValueError("Namespace model and group must be non-empty strings")
 
+    # Namespaces key the per-tenant hashers, planners and caches, several lookups per
+    # request: the hash is computed once, not as a new tuple's at every lookup. String
+    # hashes differ between processes, so a copy or pickle builds it afresh.
+    def __hash__(self) -> int:
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        return hash((self.model, self.group))
+
+    def __reduce__(self) -> tuple[type[Namespace], tuple[str, str]]:
+        return Namespace, (self.model, self.group)
+
     @cached_property
     def _body(self) -> bytes:
         model, group = self.model.encode(), self.group.encode()

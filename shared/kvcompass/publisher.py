@@ -36,6 +36,8 @@ Send = Callable[[int, bytes], None]
 
 #: Namespaces whose hashers are kept before the publisher forgets them all.
 _MAX_HASHERS = 4096
+#: Checked tuples of lengths kept (a worker's changes use a few dozen runs of lengths).
+_MAX_CHECKED = 4096
 
 
 def _valid_columns() -> dict[tuple[EventKind, Tier], tuple[int, int]]:
@@ -97,6 +99,7 @@ class EventPublisher:
         self._key_hash = plan.key_hash
         self._hasher = PrefixHasher(self._lengths, namespace, plan.key_hash)
         self._hashers: dict[Namespace, PrefixHasher] = {}
+        self._checked_tuples: dict[tuple[int, ...], tuple[int, ...]] = {}
         self._send = send
         self._buffers = ShardEventBuffers(n_shards, MAX_ITEMS)
         # Batches numbered and not yet sent (a send raised): they go first next time.
@@ -157,11 +160,25 @@ class EventPublisher:
         return []
 
     def _checked(self, lengths: Collection[int]) -> Sequence[int]:
-        """``lengths`` ascending, each once; refused unless all are registration lengths."""
+        """``lengths`` ascending, each once; refused unless all are registration lengths.
+
+        A cache reports its changes' lengths as tuples of a few registration lengths (a
+        run of them), so a tuple's answer is kept: looking it up costs a fifth of the check.
+        """
+        if type(lengths) is tuple:
+            known = self._checked_tuples.get(lengths)
+            if known is not None:
+                return known
         if not self._registered.issuperset(lengths):
             unknown = sorted(set(lengths) - self._registered)
             raise ValueError(f"lengths {unknown} are not registration lengths of {self.worker.id}")
-        return sorted(set(lengths)) if len(lengths) > 1 else list(lengths)
+        checked = sorted(set(lengths)) if len(lengths) > 1 else list(lengths)
+        if type(lengths) is not tuple:
+            return checked
+        if len(self._checked_tuples) >= _MAX_CHECKED:
+            self._checked_tuples.clear()
+        kept = self._checked_tuples[lengths] = tuple(checked)  # shared: immutable
+        return kept
 
     def _hasher_of(self, namespace: Namespace) -> PrefixHasher:
         """The registration lengths' hasher in ``namespace``, kept per namespace met."""

@@ -501,6 +501,12 @@ def test_query_lengths_follow_the_plan() -> None:
     keys = prefix_keys(tokens, [4096, 5648], NS)
     assert dict(query.per_region["us"])[4096] == keys[4096]
     assert dict(query.per_region["eu"])[5648] == keys[5648]
+    planned = QueryPlanner(plan, "us", NS).query(tokens[:300]).per_region
+    assert planned.get("us") == planned["us"]
+    assert [n for n, _ in planned["us"]] == [128, 256]
+    assert planned.get("eu", ()) == []
+    assert planned.get("mars", ()) == ()
+    assert planned.get("mars") is None
 
 
 @pytest.mark.parametrize("chained", [False, True])

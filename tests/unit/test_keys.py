@@ -193,6 +193,18 @@ def test_empty_namespace_fields_rejected() -> None:
         Namespace("llama", "")
 
 
+def test_namespace_hashes_by_value_and_a_pickle_hashes_afresh() -> None:
+    """The hash is kept once computed; a pickled one (string hashes differ between
+    processes) must not carry it to another process, where dict lookups would miss."""
+    ns = Namespace("llama", "tenant-7")
+    assert hash(ns) == hash(Namespace("llama", "tenant-7")) == hash(("llama", "tenant-7"))
+    assert {ns: 1}[Namespace("llama", "tenant-7")] == 1
+    hash(ns)
+    copy = pickle.loads(pickle.dumps(ns))
+    assert copy == ns
+    assert "_hash" not in vars(copy)  # computed in the process that reads it
+
+
 @pytest.mark.parametrize("dtype", ["<u4", ">u4", "int64", "uint16", "int32", "uint64"])
 def test_numpy_and_list_inputs_agree(dtype: str) -> None:
     tokens = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9]

@@ -88,6 +88,24 @@ def test_a_length_that_is_not_registered_is_refused() -> None:
         publisher([]).publish(EventKind.ADMIT, TOKENS, Tier.VRAM, lengths=(17,))
 
 
+def test_lengths_seen_before_are_checked_and_ordered_alike() -> None:
+    """A tuple of lengths is checked once and its answer kept: a refused tuple stays
+    refused, and an unordered one is published in order every time."""
+    pub = publisher([])
+    registered = PLAN.registration_lengths[WORKER.region]
+    refused = (registered[0], 17)
+    unordered = (registered[3], registered[1], registered[3])
+    for _ in range(2):
+        with pytest.raises(ValueError, match="not registration lengths"):
+            pub.publish(EventKind.ADMIT, TOKENS, Tier.VRAM, lengths=refused)
+        sent: list[tuple[int, bytes]] = []
+        pub._send = lambda shard, data, sent=sent: sent.append((shard, data))
+        pub.publish(EventKind.ADMIT, TOKENS, Tier.VRAM, lengths=unordered)
+        pub.flush()
+        ordered = [registered[1], registered[3]]
+        assert keys_sent(sent) == set(prefix_keys(TOKENS, ordered, OWN).items())
+
+
 def test_without_a_transport_the_batches_are_returned_with_the_same_keys() -> None:
     sent: list[tuple[int, bytes]] = []
     publisher(sent).admit(TOKENS)

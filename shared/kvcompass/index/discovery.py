@@ -16,6 +16,7 @@ import functools
 import operator
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -191,6 +192,11 @@ class _PlannedRegions(Mapping[str, list[tuple[int, int]]]):
             keys = self._key_list = self.key_array.tolist()
         n = len(keys)
         return [(c, keys[i]) for c, i in self.shape.regions[region] if i < n]
+
+    def get(self, region: str, default: Any = None) -> Any:
+        # Mapping.get goes through __getitem__ and a KeyError: the policy asks for its own
+        # region on every decision.
+        return self[region] if region in self.shape.regions else default
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.shape.regions)
