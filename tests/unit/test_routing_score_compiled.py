@@ -91,6 +91,43 @@ def test_scores_price_and_rank_match_the_python_they_replaced(
     assert s.rank(scores, queues, top, turn) == reference_rank(s, scores, queues, top, turn)
 
 
+@settings(max_examples=300, deadline=None)
+@given(situations(), st.integers(0, 200), st.integers(1, 5))
+def test_choose_is_price_scores_and_the_head_of_rank(
+    situation: tuple[JointScore, int, list[int], list[int], list[float], list[float]],
+    turn: int,
+    top: int,
+) -> None:
+    """A decision's one call gives what the three calls it replaces gave: the same λ,
+    the same floats, and exactly the first ``top`` of the whole rank, ties included."""
+    s, prompt, lengths, tiers, belief, queues = situation
+    lam, scores, best = s.choose(prompt, lengths, tiers, belief, queues, top, turn)
+    assert lam == s.price(queues)
+    expected = reference_scores(s, prompt, lengths, tiers, belief, queues, lam)
+    assert [x.hex() for x in scores] == [x.hex() for x in expected]
+    assert best == reference_rank(s, expected, queues, top, turn)[:top]
+
+
+def test_choose_breaks_a_head_tie_by_queue_as_rank_does() -> None:
+    """Worker 1's match makes up exactly for its longer queue, so it ties with the idle
+    workers and leads the tie order: by score alone it would be chosen; by queue, as
+    rank() orders such a head, every idle worker goes first."""
+    s = JointScore(TOPOLOGY, TOPOLOGY.regions[0].name, Ablations(), 80.0, 10.0)
+    tiers, belief, prompt = [1] * N, [1.0] * N, 1000
+    for matched in range(64, 64 * 64, 64):
+        lengths, queues = [0] * N, [0.0] * N
+        lengths[1], queues[1] = matched, s.beta[1] * matched
+        scores = reference_scores(s, prompt, lengths, tiers, belief, queues, 0.0)
+        if scores[1] == scores[0]:
+            break
+    else:
+        raise AssertionError("no exact tie found")
+    assert s.tie_order(1)[0] == 1
+    _, _, best = s.choose(prompt, lengths, tiers, belief, queues, 2, 1)
+    assert best == reference_rank(s, scores, queues, 2, 1)[:2]
+    assert 1 not in best
+
+
 def test_rank_breaks_a_score_tie_by_queue_only_within_the_head() -> None:
     s = JointScore(TOPOLOGY, TOPOLOGY.regions[0].name, Ablations(), 80.0, 10.0)
     scores = [5.0] * N

@@ -99,9 +99,15 @@ class KVCompassPolicy(QueueFed):
         score = self.score
         belief = self.belief.values
         queues = self.queues.values if score.load_aware else self.queues.blocked
-        lam = score.price(queues)
-        scores = score.scores(prompt, lengths, tiers, belief, queues, lam)
-        order = score.rank(scores, queues, self._top, self._turn)
+        scores: Sequence[float]
+        if explain:  # every worker ranked
+            lam = score.price(queues)
+            scores = score.scores(prompt, lengths, tiers, belief, queues, lam)
+            order = score.rank(scores, queues, self._top, self._turn)
+        else:  # the chosen worker and its fallbacks alone
+            lam, scores, order = score.choose(
+                prompt, lengths, tiers, belief, queues, self._top, self._turn
+            )
         best = order[0]
         if not explain:
             self._turn += 1

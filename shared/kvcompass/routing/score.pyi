@@ -1,5 +1,6 @@
 """Types of the compiled joint score (score.pyx); the docstrings are there."""
 
+from array import array
 from collections.abc import Sequence
 
 from typing_extensions import disjoint_base
@@ -58,6 +59,16 @@ class JointScore:
         queues: Sequence[float],
         lam: float,
     ) -> list[float]: ...
+    def choose(
+        self,
+        prompt_tokens: int,
+        lengths: Sequence[int],
+        tiers: Sequence[int],
+        belief: Sequence[float],
+        queues: Sequence[float],
+        top: int,
+        turn: int = 0,
+    ) -> tuple[float, array[float], list[int]]: ...
     def tie_order(self, turn: int) -> tuple[int, ...]: ...
     def rank(
         self, scores: Sequence[float], queues: Sequence[float], top: int, turn: int = 0

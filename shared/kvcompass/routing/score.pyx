@@ -26,7 +26,8 @@ in ``score.pyi``.
 
 from array import array
 
-from libc.string cimport memcpy
+cimport cpython.array
+from libc.string cimport memcpy, memmove
 
 from kvcompass.index.layout import Tier
 from kvcompass.routing.policy import Candidate
@@ -38,6 +39,8 @@ cdef tuple _TIERS = tuple(Tier)  # by field value: cheaper than Tier(value)
 cdef object _ABSENT = Tier.ABSENT
 #: What Candidate(...) calls once its Python __new__ has bound the arguments: half the time.
 cdef object _new_candidate = tuple.__new__
+#: The type of :meth:`JointScore.choose`'s scores, cloned.
+cdef cpython.array.array _DOUBLES = array("d")
 
 
 cdef class JointScore:
@@ -114,7 +117,9 @@ cdef class JointScore:
         """λ = min(λmax, min_r T̂q(r) / τ); 0 without load awareness."""
         if not self.load_aware:
             return 0.0
-        cdef list q = _as_list(queues)
+        return self._price(_as_list(queues))
+
+    cdef double _price(self, list q) except? -1.0:
         cdef Py_ssize_t i, n = len(q)
         if n == 0:
             raise ValueError("price() of no queues")
@@ -142,10 +147,23 @@ cdef class JointScore:
     ):
         """Every worker's score; without load awareness, ``queues`` holds only the
         failed workers' +inf (``QueueEstimates.blocked``)."""
-        cdef list m_list = _as_list(lengths)
-        cdef list t_list = _as_list(tiers)
-        cdef list b_list = _as_list(belief)
-        cdef list q_list = _as_list(queues)
+        self._score_all(
+            prompt_tokens, _as_list(lengths), _as_list(tiers), _as_list(belief),
+            _as_list(queues), lam,
+        )  # fmt: skip
+        cdef double[::1] keys = self._keys
+        return [keys[w] for w in range(self.n_workers)]
+
+    cdef int _score_all(
+        self,
+        Py_ssize_t prompt_tokens,
+        list m_list,
+        list t_list,
+        list b_list,
+        list q_list,
+        double lam,
+    ) except -1:
+        """Every worker's score into ``_keys`` and its queue into ``_queues``."""
         cdef Py_ssize_t n = self.n_workers
         if len(q_list) != n:
             raise ValueError(f"{len(q_list)} queues for {n} workers")
@@ -156,19 +174,84 @@ cdef class JointScore:
         cdef double[::1] wan = self._wan
         cdef double[::1] beta = self._beta
         cdef unsigned char[::1] remote = self._remote
-        cdef list out = [None] * n
+        cdef double[::1] keys = self._keys
+        cdef double[::1] qs = self._queues
         cdef Py_ssize_t w, holders = min(len(m_list), n)
         cdef long m
-        cdef double s, e
+        cdef double s, e, q
         for w in range(n):
-            s = wan[w] + <double>q_list[w] + beta[w] * full
+            q = q_list[w]
+            s = wan[w] + q + beta[w] * full
             if w < holders:
                 m = m_list[w]
                 if m and (xregion or not remote[w]):
                     e = <double>b_list[w] * <double>m
                     s += (gamma * e if <long>t_list[w] == _DRAM else 0.0) - k * beta[w] * e
-            out[w] = s
-        return out
+            keys[w] = s
+            qs[w] = q
+        return 0
+
+    def choose(
+        self,
+        Py_ssize_t prompt_tokens,
+        lengths,
+        tiers,
+        belief,
+        queues,
+        Py_ssize_t top,
+        Py_ssize_t turn=0,
+    ):
+        """:meth:`price`, :meth:`scores` and the first ``top`` of :meth:`rank` in one
+        call: (λ, every worker's score as an ``array('d')``, the best ``top`` workers
+        best first). A decision reads only its best few, so the rest are not ranked:
+        each is picked by one pass over the tie order, which gives what the stable
+        sort gave."""
+        cdef list q_list = _as_list(queues)
+        cdef double lam = self._price(q_list) if self.load_aware else 0.0
+        self._score_all(
+            prompt_tokens, _as_list(lengths), _as_list(tiers), _as_list(belief), q_list, lam
+        )
+        cdef Py_ssize_t n = self.n_workers
+        if top < 1:
+            raise ValueError(f"choose() needs top >= 1, got {top}")
+        cdef Py_ssize_t head = top + 1 if top + 1 < n else n
+        cdef long long* best = &self._merge[0]
+        cdef const double* keys = &self._keys[0]
+        cdef const double* qs = &self._queues[0]
+        cdef Py_ssize_t i
+        self._write_tie_order(turn)
+        # As rank(): by score; by (score, remote, queue) if the head holds a tie of
+        # workers whose queues differ.
+        self._first(head, best, False)
+        for i in range(head - 1):
+            if keys[best[i]] == keys[best[i + 1]] and qs[best[i]] != qs[best[i + 1]]:
+                self._first(head, best, True)
+                break
+        cdef cpython.array.array scores = cpython.array.clone(_DOUBLES, n, False)
+        memcpy(scores.data.as_doubles, keys, n * sizeof(double))
+        return lam, scores, [best[i] for i in range(top if top < n else n)]
+
+    cdef void _first(self, Py_ssize_t k, long long* out, bint full) noexcept:
+        """The first ``k`` workers of the stable sort of the tie order (``_order``) by
+        :func:`_before`: each worker, in tie order, goes in front of every kept one it
+        sorts strictly before, so equal ones keep the tie order's."""
+        cdef const long long* order = &self._order[0]
+        cdef const double* keys = &self._keys[0]
+        cdef const double* qs = &self._queues[0]
+        cdef const unsigned char* remote = &self._remote[0]
+        cdef Py_ssize_t p, j, kept = 0
+        cdef long long w
+        for p in range(self.n_workers):
+            w = order[p]
+            j = kept
+            while j > 0 and _before(w, out[j - 1], keys, qs, remote, full):
+                j -= 1
+            if j >= k:
+                continue
+            if kept < k:
+                kept += 1
+            memmove(&out[j + 1], &out[j], (kept - 1 - j) * sizeof(long long))
+            out[j] = w
 
     def tie_order(self, Py_ssize_t turn):
         """Every worker, local region first, each group rotated to start ``turn`` places on.
