@@ -8,11 +8,16 @@ and the periodic snapshot comparison every view ends equal to its writer.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+import pytest
+
+from kvcompass.errors import InvariantBroken
 from kvcompass.loadgen.sim import SimConfig, Simulation
 from kvcompass.loadgen.sim.testing import shared_prefixes
 from kvcompass.routing.testing import TOY
+from kvcompass.snapshot import SnapshotMeta
 
 REQUESTS = shared_prefixes(TOY, rate=40.0, count=300, seed=4)
 
@@ -82,3 +87,34 @@ def test_with_loss_each_region_keeps_its_own_replica_and_draws_its_own_losses() 
     applied = [r.applied for r in replicas]
     assert len(set(applied)) > 1  # independent draws: the regions lost different batches
     assert sum(applied) + sim.index.lost == sim.index.batches * len(replicas)
+
+
+def test_without_loss_the_anti_entropy_round_finds_every_replica_current() -> None:
+    """Lossless, a round sends the snapshot's meta alone (no edge could need its
+    images), and a replica behind it is the plane's own bug: it stops the run."""
+    config = SimConfig(TOY, seed=4, update_delay_ms=20.0, resync=True, snapshot_every_s=0.5)
+    sim = Simulation(config)
+    (replica,) = sim.index.replicas
+    confirm = replica.confirm_current
+    checked: list[SnapshotMeta] = []
+
+    def counted(meta: SnapshotMeta) -> None:
+        checked.append(meta)
+        confirm(meta)
+
+    replica.confirm_current = counted  # type: ignore[method-assign]
+    assert sim.run(REQUESTS, settle_s=1.0).stats["index_divergent_tables"] == 0
+    assert len({meta.created_ns for meta in checked}) >= 2  # rounds, each every shard
+    current = sim.index.writers[0].snapshot_meta()
+    replica.confirm_current(current)
+    with pytest.raises(InvariantBroken, match="lossless edge replica is behind"):
+        replica.confirm_current(dataclasses.replace(current, next_seq=current.next_seq + 1))
+
+
+def test_a_view_that_differs_from_its_writer_by_one_byte_is_counted() -> None:
+    sim = simulation(0.0)
+    assert sim.index.divergent_tables() == 0
+    (replica,) = sim.index.replicas
+    view = replica._views[(0, 0)]
+    view._buf[view._layout.view_end - 1] ^= 1  # the last byte of the payload
+    assert sim.index.divergent_tables() == 1

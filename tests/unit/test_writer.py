@@ -598,6 +598,7 @@ def test_an_edge_snapshot_is_the_full_one_without_its_key_halves() -> None:
     assert views_only.meta == full.meta
     views_only.verify(shard=1, n_shards=writer.n_shards, topology_digest=writer.topology_digest)
     assert len(full.keys) == len(full.views) > 0
+    assert writer.snapshot_meta() == full.meta  # what an edge compares, nothing sealed
 
 
 # -- takeover ----------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from kvcompass.index.addresses import address_of
 from kvcompass.index.errors import IndexCorrupt, SnapshotError, TableFull
 from kvcompass.index.geometry import DEFAULT_LOAD_LIMIT, TableGeometry
 from kvcompass.index.image import (
+    HEADER_SIZE,
     ImageArrays,
     ImageHeader,
     ImageKind,
@@ -477,6 +478,17 @@ class LudoTable:
         self._check_intact()
         self._sync_words()
         return seal(self._buf, ImageKind.VIEW, self.geometry, self.count, self._layout.view_end)
+
+    def view_payload(self) -> NDArray[np.uint8]:
+        """The view image's payload (past its header) as it stands, read-only and not
+        copied: to compare with a view's, valid until the next write."""
+        self._check_intact()
+        self._sync_words()
+        payload = np.frombuffer(
+            self._buf, np.uint8, self._layout.view_end - HEADER_SIZE, HEADER_SIZE
+        )
+        payload.flags.writeable = False
+        return payload
 
     def snapshot_parts(self) -> tuple[bytes, bytes]:
         """The sealed view image and the sealed key image: the two halves of a snapshot.

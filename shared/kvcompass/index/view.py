@@ -169,6 +169,14 @@ class LudoView:
         """The buffer's bytes as they are (header not refreshed, no checksum)."""
         return bytes(self._buf[: self._layout.view_end])
 
+    def payload(self) -> NDArray[np.uint8]:
+        """The image's payload (past its header) as it stands, read-only and not copied:
+        to compare with a table's (:meth:`LudoTable.view_payload`)."""
+        end = self._layout.view_end
+        payload = np.frombuffer(self._buf, np.uint8, end - HEADER_SIZE, HEADER_SIZE)
+        payload.flags.writeable = False
+        return payload
+
     # -- patches -------------------------------------------------------------------
 
     def apply(self, patch: TablePatch) -> None:

@@ -390,12 +390,22 @@ class ShardWriter:
         self.write_staged()
         return self._snapshot(self.next_seq, keys=keys)
 
+    def snapshot_meta(self) -> SnapshotMeta:
+        """The meta :meth:`snapshot` would carry now, with no table image sealed: all an
+        edge compares its position with (the simulator's anti-entropy when nothing can be
+        lost, where no edge ever loads the images)."""
+        self.write_staged()
+        return self._meta(self.next_seq)
+
     def _snapshot(self, next_seq: int, *, keys: bool = True) -> ShardSnapshot:
         if keys:
             views, key_images = self.tables.snapshot_parts()
         else:
             views, key_images = self.tables.view_images(), {}
-        meta = SnapshotMeta(
+        return ShardSnapshot(self._meta(next_seq), views, key_images)
+
+    def _meta(self, next_seq: int) -> SnapshotMeta:
+        return SnapshotMeta(
             shard=self.shard,
             epoch=self.epoch,
             next_seq=next_seq,
@@ -408,4 +418,3 @@ class ShardWriter:
             n_shards=self.n_shards,
             topology_digest=self.topology_digest,
         )
-        return ShardSnapshot(meta, views, key_images)
