@@ -36,8 +36,11 @@ Send = Callable[[int, bytes], None]
 
 #: Namespaces whose hashers are kept before the publisher forgets them all.
 _MAX_HASHERS = 4096
-#: Checked tuples of lengths kept (a worker's changes use a few dozen runs of lengths).
+#: Checked tuples of lengths kept per set of registration lengths (a worker's changes
+#: use a few hundred runs of its lengths; every worker of a region has the same).
 _MAX_CHECKED = 4096
+#: Registration lengths -> their checked tuples, shared by the publishers of one region.
+_CHECKED: dict[frozenset[int], dict[tuple[int, ...], tuple[int, ...]]] = {}
 
 
 def _valid_columns() -> dict[tuple[EventKind, Tier], tuple[int, int]]:
@@ -99,7 +102,7 @@ class EventPublisher:
         self._key_hash = plan.key_hash
         self._hasher = PrefixHasher(self._lengths, namespace, plan.key_hash)
         self._hashers: dict[Namespace, PrefixHasher] = {}
-        self._checked_tuples: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._checked_tuples = _CHECKED.setdefault(self._registered, {})
         self._send = send
         self._buffers = ShardEventBuffers(n_shards, MAX_ITEMS)
         # Batches numbered and not yet sent (a send raised): they go first next time.
@@ -163,7 +166,8 @@ class EventPublisher:
         """``lengths`` ascending, each once; refused unless all are registration lengths.
 
         A cache reports its changes' lengths as tuples of a few registration lengths (a
-        run of them), so a tuple's answer is kept: looking it up costs a fifth of the check.
+        run of them), so a tuple's answer is kept for every publisher with these
+        registration lengths: looking it up costs a fifth of the check.
         """
         if type(lengths) is tuple:
             known = self._checked_tuples.get(lengths)
