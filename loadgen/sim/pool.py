@@ -24,6 +24,7 @@ from kvcompass.worker import (
     PrefixCache,
     PrefixChange,
 )
+from kvcompass.worker.engine import queue_vector
 
 __all__ = ["SimWorker", "WorkerPool"]
 
@@ -105,10 +106,10 @@ class WorkerPool:
         by_region: dict[str, list[SimWorker]] = {}
         for w in self.workers:
             by_region.setdefault(w.worker.region, []).append(w)
-        # Per region: (index, queue method) of its workers, resolved once (a vector is
-        # built per response and per broadcast).
+        # Per region: its workers' indices and engines, resolved once (a vector is built
+        # per response and per broadcast).
         self._reporting = {
-            region: tuple((w.worker.index, w.engine.queue_ms) for w in ws)
+            region: (tuple(w.worker.index for w in ws), tuple(w.engine for w in ws))
             for region, ws in by_region.items()
         }
         self._seq = dict.fromkeys(by_region, 0)
@@ -121,5 +122,6 @@ class WorkerPool:
         """The region's queue vector now, as its workers' host sends it."""
         seq = self._seq[region]
         self._seq[region] = seq + 1
-        queues = {index: queue_ms() for index, queue_ms in self._reporting[region]}
-        return RegionQueues(region, seq, self._clock.wall_ns(), queues)
+        return RegionQueues(
+            region, seq, self._clock.wall_ns(), queue_vector(*self._reporting[region])
+        )

@@ -22,6 +22,7 @@ from kvcompass.worker import (
     PrefixCache,
     Request,
 )
+from kvcompass.worker.engine import queue_vector
 
 NS = Namespace("m")
 # Round numbers: β 0.1 ms/token, γ 0.01 ms/token, decode 10 ms + 1 ms per extra sequence.
@@ -89,6 +90,25 @@ def test_queue_ms_is_the_wait_a_new_arrival_would_see() -> None:
     clock.advance(0.07)  # a done at 100 ms, b runs until 150 ms
     e.advance()
     assert e.queue_ms() == pytest.approx(40.0)
+
+
+def test_a_queue_vector_is_every_engine_s_queue_by_its_index() -> None:
+    clock = ManualClock()
+    busy, queued, idle = (
+        EmulatedEngine(PrefixCache(16, 1000, 1000, ()), COST, clock) for _ in "abc"
+    )
+    busy.submit(Request("a", NS, tokens(0, 1000), 1))  # running: 100 ms
+    queued.submit(Request("b", NS, tokens(0, 500), 1))
+    queued.submit(Request("c", NS, tokens(5000, 500), 1))  # 50 ms behind b's 50
+    clock.advance(0.03)
+    engines = (busy, queued, idle)
+    vector = queue_vector((7, 3, 11), engines)
+    assert vector == {7: busy.queue_ms(), 3: queued.queue_ms(), 11: idle.queue_ms()}
+    assert list(vector.values()) == pytest.approx([70.0, 70.0, 0.0])
+    with pytest.raises(ValueError, match="2 indices for 3 engines"):
+        queue_vector((7, 3), engines)
+    with pytest.raises(TypeError):
+        queue_vector((7,), (object(),))  # type: ignore[arg-type]
 
 
 def test_queue_ms_counts_a_queued_request_net_of_its_cached_prefix() -> None:

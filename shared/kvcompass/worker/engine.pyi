@@ -12,7 +12,15 @@ from kvcompass.worker.completion import Request as Request
 from kvcompass.worker.completion import Timings as Timings
 from kvcompass.worker.cost import CostModel
 
-__all__ = ["Emitted", "EmulatedEngine", "MigrationMode", "Request", "Sequence", "Timings"]
+__all__ = [
+    "Emitted",
+    "EmulatedEngine",
+    "MigrationMode",
+    "Request",
+    "Sequence",
+    "Timings",
+    "queue_vector",
+]
 
 @disjoint_base
 class Sequence:
@@ -70,3 +78,7 @@ class EmulatedEngine:
     def queue_ms(self) -> float: ...
     @property
     def running(self) -> int: ...
+
+def queue_vector(
+    indices: tuple[int, ...], engines: tuple[EmulatedEngine, ...]
+) -> dict[int, float]: ...

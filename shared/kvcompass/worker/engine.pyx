@@ -37,7 +37,15 @@ from kvcompass.worker.completion import MigrationMode, Request, Timings
 
 from kvcompass.worker.cost cimport CostModel
 
-__all__ = ["Emitted", "EmulatedEngine", "MigrationMode", "Request", "Sequence", "Timings"]
+__all__ = [
+    "Emitted",
+    "EmulatedEngine",
+    "MigrationMode",
+    "Request",
+    "Sequence",
+    "Timings",
+    "queue_vector",
+]
 
 #: Until its prefill starts, a sequence reuses nothing: one shared (frozen) match, not
 #: one built per submit.
@@ -295,6 +303,9 @@ cdef class EmulatedEngine:
 
     def queue_ms(self):
         """Expected wait before a request arriving now starts its prefill."""
+        return self._queue_ms()
+
+    cdef double _queue_ms(self) except? -1.0:
         if self._prefill_job is None:
             return 0.0 + self._queued_ms  # (not -0.0)
         cdef double left_s = self._prefill_ends - self._clock.monotonic()
@@ -500,3 +511,15 @@ cdef class EmulatedEngine:
         if last:
             sequence.finished_at = t
         return 0
+
+
+def queue_vector(tuple indices, tuple engines):
+    """``{indices[i]: engines[i].queue_ms()}`` in one call: a region's queue vector, as
+    its host sends one with every response and broadcast (several per request)."""
+    if len(indices) != len(engines):
+        raise ValueError(f"{len(indices)} indices for {len(engines)} engines")
+    cdef dict out = {}
+    cdef Py_ssize_t i
+    for i in range(len(engines)):
+        out[indices[i]] = (<EmulatedEngine?>engines[i])._queue_ms()
+    return out
