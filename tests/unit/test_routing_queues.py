@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvcompass.pipeline.clock import ManualClock
 from kvcompass.routing import (
@@ -158,6 +160,53 @@ def test_reporter_suppresses_regions_a_piggyback_reached_within_the_period() -> 
     assert r.destinations() == ("a",)
     clock.advance(0.1)
     assert r.destinations() == ("a", "b", "c")
+
+
+class _ReferenceReporter:
+    """QueueReporter's rule as first written: every period checks every other region."""
+
+    def __init__(self, region: str, regions: list[str], clock: ManualClock, period_s: float):
+        self.region, self.clock, self.period_s = region, clock, period_s
+        self.last = {r: -math.inf for r in regions if r != region}
+
+    def note_piggyback(self, region: str) -> None:
+        if region in self.last:
+            self.last[region] = self.clock.monotonic()
+
+    def destinations(self) -> tuple[str, ...]:
+        now = self.clock.monotonic()
+        due = [r for r in self.last if now - self.last[r] >= self.period_s]
+        for r in due:
+            self.last[r] = now
+        return (self.region, *due)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.sampled_from(["a", "b", "c", "d"]),  # a piggyback reaches that region
+            st.sampled_from([0.0, 0.01, 0.03, 0.1, 0.1000000001, 0.25]),  # time passes
+            st.none(),  # a local period: the broadcast's destinations
+        ),
+        max_size=60,
+    )
+)
+def test_reporter_skips_nothing_due_by_the_rule_it_was_written_with(
+    steps: list[str | float | None],
+) -> None:
+    clock = ManualClock()
+    regions = ["a", "b", "c", "d"]
+    reporter = QueueReporter("a", regions, clock, period_s=0.1)
+    reference = _ReferenceReporter("a", regions, clock, period_s=0.1)
+    for step in steps:
+        if step is None:
+            assert reporter.destinations() == reference.destinations()
+        elif isinstance(step, str):
+            reporter.note_piggyback(step)
+            reference.note_piggyback(step)
+        else:
+            clock.advance(step)
 
 
 def test_region_queues_convert_to_and_from_the_wire() -> None:

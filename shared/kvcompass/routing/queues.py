@@ -81,8 +81,11 @@ class QueueReporter:
         self.period_s = period_s
         self._clock = clock
         self._others = tuple(r for r in regions if r != region)
+        self._own = (region,)
         # Last time each other region got our vector, by broadcast or piggyback.
         self._last: dict[str, float] = dict.fromkeys(self._others, -math.inf)
+        # At most the earliest of them (only piggybacks move one since, and only later).
+        self._earliest = -math.inf
 
     def note_piggyback(self, region: str) -> None:
         """A response carrying this region's vector is on its way to ``region``."""
@@ -92,9 +95,14 @@ class QueueReporter:
     def destinations(self) -> tuple[str, ...]:
         """Regions this period's vector goes to: the own region first, then those due."""
         now = self._clock.monotonic()
+        # Most periods send to no other region. Subtraction keeps order, so when the
+        # earliest is not due none is, by the same comparison as below.
+        if now - self._earliest < self.period_s:
+            return self._own
         due = [r for r in self._others if now - self._last[r] >= self.period_s]
         for r in due:
             self._last[r] = now
+        self._earliest = min(self._last.values(), default=math.inf)
         return (self.region, *due)
 
 
