@@ -270,8 +270,13 @@ class PrefixHasher:
         return self._streamed_keys(data, [c * _TOKEN_BYTES for c in lengths])
 
     def _walked_keys(self, tokens: TokenIds, lengths: Sequence[int]) -> NDArray[np.uint64]:
-        """XXH3 keys in one compiled call (little-endian hosts)."""
-        return xxh3.digests_at(self.head, token_array(tokens), lengths, MASK63)
+        """XXH3 keys in one compiled call (little-endian hosts). A contiguous uint32
+        buffer (the request path's token arrays) is read as it is; anything else is
+        checked and converted first."""
+        try:
+            return xxh3.digests_at(self.head, tokens, lengths, MASK63)
+        except (TypeError, ValueError, BufferError):
+            return xxh3.digests_at(self.head, token_array(tokens), lengths, MASK63)
 
     def _streamed_keys(self, data: bytes | memoryview, ends: list[int]) -> list[int]:
         """One streaming state over ``data``, a key at each byte end it reaches."""
