@@ -7,6 +7,4 @@ from numpy.typing import NDArray
 
 __all__ = ["digests_at"]
 
-def digests_at(
-    head: bytes, body: NDArray[np.uint32], ends: Iterable[int], mask: int
-) -> NDArray[np.uint64]: ...
+def digests_at(head: bytes, body: object, ends: Iterable[int], mask: int) -> NDArray[np.uint64]: ...

@@ -40,7 +40,8 @@ cdef extern from "xxhash.h" nogil:
 def digests_at(bytes head, object body, object ends, uint64_t mask):
     """``XXH3-64(head + body[:end]) & mask`` for each of the ascending ``ends`` (item
     counts) up to the first one past the body, as a uint64 array. ``body``: a
-    C-contiguous buffer of uint32 items (a token array)."""
+    C-contiguous buffer of uint32 items (a token array); anything else raises
+    TypeError (or the buffer protocol's ValueError or BufferError)."""
     cdef Py_buffer view
     cdef Py_ssize_t n_items, count = 0, done = 0, end
     cdef uint32_t* counted = NULL

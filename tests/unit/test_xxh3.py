@@ -70,7 +70,7 @@ def test_no_end_within_the_body_writes_nothing() -> None:
 
 def test_a_body_of_other_items_or_descending_ends_is_refused() -> None:
     with pytest.raises(TypeError, match="uint32 items"):
-        digests_at(b"x", np.arange(3, dtype=np.int64), [1], 0)  # type: ignore[arg-type]
+        digests_at(b"x", np.arange(3, dtype=np.int64), [1], 0)
     with pytest.raises(ValueError, match="ends must ascend"):
         digests_at(b"x", np.arange(9, dtype=np.uint32), [4, 2], 0)
 
