@@ -34,6 +34,7 @@ __all__ = [
     "layout_of",
     "open_image",
     "open_key_image",
+    "payload_of",
     "seal",
     "seal_keys",
 ]
@@ -190,6 +191,14 @@ class ImageHeader:
         if kind not in (ImageKind.VIEW, ImageKind.KEYS):
             raise SnapshotError(f"unknown image kind {kind}")
         return cls(kind, geometry, count, fields[16], fields[17], fields[15])
+
+
+def payload_of(buffer: bytearray | memoryview, end: int) -> NDArray[np.uint8]:
+    """``buffer[HEADER_SIZE:end]``, an image's payload as it stands: read-only, not
+    copied (to compare two images without sealing either)."""
+    payload = np.frombuffer(buffer, np.uint8, end - HEADER_SIZE, HEADER_SIZE)
+    payload.flags.writeable = False
+    return payload
 
 
 def seal(

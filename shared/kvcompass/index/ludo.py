@@ -22,13 +22,13 @@ from kvcompass.index.addresses import address_of
 from kvcompass.index.errors import IndexCorrupt, SnapshotError, TableFull
 from kvcompass.index.geometry import DEFAULT_LOAD_LIMIT, TableGeometry
 from kvcompass.index.image import (
-    HEADER_SIZE,
     ImageArrays,
     ImageHeader,
     ImageKind,
     layout_of,
     open_image,
     open_key_image,
+    payload_of,
     seal,
     seal_keys,
 )
@@ -484,11 +484,7 @@ class LudoTable:
         copied: to compare with a view's, valid until the next write."""
         self._check_intact()
         self._sync_words()
-        payload = np.frombuffer(
-            self._buf, np.uint8, self._layout.view_end - HEADER_SIZE, HEADER_SIZE
-        )
-        payload.flags.writeable = False
-        return payload
+        return payload_of(self._buf, self._layout.view_end)
 
     def snapshot_parts(self) -> tuple[bytes, bytes]:
         """The sealed view image and the sealed key image: the two halves of a snapshot.

@@ -24,6 +24,7 @@ from kvcompass.index.image import (
     ImageKind,
     layout_of,
     open_image,
+    payload_of,
     seal,
 )
 from kvcompass.index.patch_copy import apply_images
@@ -172,10 +173,7 @@ class LudoView:
     def payload(self) -> NDArray[np.uint8]:
         """The image's payload (past its header) as it stands, read-only and not copied:
         to compare with a table's (:meth:`LudoTable.view_payload`)."""
-        end = self._layout.view_end
-        payload = np.frombuffer(self._buf, np.uint8, end - HEADER_SIZE, HEADER_SIZE)
-        payload.flags.writeable = False
-        return payload
+        return payload_of(self._buf, self._layout.view_end)
 
     # -- patches -------------------------------------------------------------------
 
