@@ -115,11 +115,12 @@ cdef class JointScore:
 
     def price(self, queues):
         """λ = min(λmax, min_r T̂q(r) / τ); 0 without load awareness."""
+        return self._price(queues)
+
+    cdef double _price(self, object queues) except? -1.0:
         if not self.load_aware:
             return 0.0
-        return self._price(_as_list(queues))
-
-    cdef double _price(self, list q) except? -1.0:
+        cdef list q = _as_list(queues)
         cdef Py_ssize_t i, n = len(q)
         if n == 0:
             raise ValueError("price() of no queues")
@@ -207,7 +208,7 @@ cdef class JointScore:
         each is picked by one pass over the tie order, which gives what the stable
         sort gave."""
         cdef list q_list = _as_list(queues)
-        cdef double lam = self._price(q_list) if self.load_aware else 0.0
+        cdef double lam = self._price(q_list)
         self._score_all(
             prompt_tokens, _as_list(lengths), _as_list(tiers), _as_list(belief), q_list, lam
         )
@@ -223,10 +224,8 @@ cdef class JointScore:
         # As rank(): by score; by (score, remote, queue) if the head holds a tie of
         # workers whose queues differ.
         self._first(head, best, False)
-        for i in range(head - 1):
-            if keys[best[i]] == keys[best[i + 1]] and qs[best[i]] != qs[best[i + 1]]:
-                self._first(head, best, True)
-                break
+        if _ties_unequal_queues(best, head, keys, qs):
+            self._first(head, best, True)
         cdef cpython.array.array scores = cpython.array.clone(_DOUBLES, n, False)
         memcpy(scores.data.as_doubles, keys, n * sizeof(double))
         return lam, scores, [best[i] for i in range(top if top < n else n)]
@@ -279,20 +278,15 @@ cdef class JointScore:
         cdef double[::1] keys = self._keys
         cdef double[::1] qs = self._queues
         cdef long long[::1] order = self._order
-        cdef Py_ssize_t i, a, b
+        cdef Py_ssize_t i
         for i in range(n):
             keys[i] = s_list[i]
             qs[i] = q_list[i]
         self._write_tie_order(turn)
         _merge_sort(&order[0], &self._merge[0], &keys[0], &qs[0], &self._remote[0], n, False)
         cdef Py_ssize_t head = top + 1 if top + 1 < n else n
-        for i in range(head - 1):
-            a, b = order[i], order[i + 1]
-            if keys[a] == keys[b] and qs[a] != qs[b]:
-                _merge_sort(
-                    &order[0], &self._merge[0], &keys[0], &qs[0], &self._remote[0], n, True
-                )
-                break
+        if _ties_unequal_queues(&order[0], head, &keys[0], &qs[0]):
+            _merge_sort(&order[0], &self._merge[0], &keys[0], &qs[0], &self._remote[0], n, True)
         return [order[i] for i in range(n)]
 
     cdef void _write_tie_order(self, Py_ssize_t turn):
@@ -360,6 +354,18 @@ cdef class JointScore:
             )
             out.append(_new_candidate(Candidate, terms))
         return tuple(out)
+
+
+cdef inline bint _ties_unequal_queues(
+    const long long* order, Py_ssize_t head, const double* keys, const double* queues
+) noexcept:
+    """Whether two neighbours of ``order[:head]`` tie on score but not on queue: the
+    rank then orders by (score, remote, queue), not by score alone."""
+    cdef Py_ssize_t i
+    for i in range(head - 1):
+        if keys[order[i]] == keys[order[i + 1]] and queues[order[i]] != queues[order[i + 1]]:
+            return True
+    return False
 
 
 cdef inline list _as_list(object values):
