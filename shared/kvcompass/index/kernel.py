@@ -11,7 +11,9 @@ write lands in the table's own storage) plus a ``uint64`` geometry vector; count
 in small ``int64`` arrays so the kernel can update them in place. ``apply_writes``, called
 once or twice per event batch, takes the tuples' fixed-type arrays as one descriptor of
 addresses (:func:`write_descriptor`): unboxing 25 arrays per call cost more than the
-writes of a small batch.
+writes of a small batch. A call first asks the memory for every line its writes may
+read (:func:`_prefetch_writes`): between two calls for one table the rest of the process
+evicts it, and an insert read a dozen cold lines one after another.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from numba import carray  # type: ignore[attr-defined]
 from numpy.typing import NDArray
 
 from kvcompass.hashing import mix64_compiled
-from kvcompass.index.addresses import address, address_of
+from kvcompass.index.addresses import address, address_of, prefetch
 from kvcompass.index.geometry import TableGeometry
 from kvcompass.keys import SHARD_SALT
 
@@ -96,7 +98,11 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _LOW_BITS = np.uint64(0x5555555555555555)
 _M32 = np.uint64(0xFFFFFFFF)
 _U1 = np.uint64(1)
+_U2 = np.uint64(2)
 _U3 = np.uint64(3)
+_U4 = np.uint64(4)
+_U6 = np.uint64(6)
+_U8 = np.uint64(8)
 _U32 = np.uint64(32)
 _U63 = np.uint64(63)
 _U64 = np.uint64(64)
@@ -168,6 +174,22 @@ _DESCRIBED_OTHELLO: Final = (
     ("dirty_words", np.int64),
     ("mark", np.int32),
     ("state", np.int64),
+)
+
+
+def _row(arrays: str, name: str) -> int:
+    """The descriptor row of one described array (``arrays``: "table" or "othello")."""
+    rows = [f"table.{n}" for n, _ in _DESCRIBED_TABLE]
+    rows += [f"othello.{n}" for n, _ in _DESCRIBED_OTHELLO]
+    return rows.index(f"{arrays}.{name}")
+
+
+_KEYS_ROW, _KID_ROW, _ALT_ROW, _SIG_ROW = (_row("table", n) for n in ("keys", "kid", "alt", "sig"))
+_FILL_ROW, _SEEDS_ROW, _BUCKET_DIRTY_ROW = (
+    _row("table", n) for n in ("fill", "seeds", "bucket_dirty")
+)
+_WORDS_ROW, _HEAD_ROW, _NXT_ROW, _NODE_ROW, _FREE_ROW, _MARK_ROW, _OTHELLO_STATE_ROW = (
+    _row("othello", n) for n in ("words", "head", "nxt", "node", "free", "mark", "state")
 )
 
 
@@ -655,6 +677,58 @@ def _described(desc: NDArray[np.uint64], row: int, dtype: Any) -> NDArray[Any]:
 
 
 @_compiled
+def _prefetch_writes(
+    desc: NDArray[np.uint64],
+    cells: NDArray[Any],
+    geo: NDArray[np.uint64],
+    keys: NDArray[np.uint64],
+    start: Index,
+) -> None:
+    """Ask for the lines the writes of ``keys[start:]`` may read, all at once, so their
+    misses overlap: both candidate buckets' cells in every per-cell array, their
+    per-bucket bytes, both locator nodes' heads, marks and bit words, and the half-edges
+    of the key ids the inserts would take next."""
+    nb, ma, mb = geo[_NB], geo[_MA], geo[_MB]
+    cells_at, cell_bytes = np.uint64(cells.ctypes.data), np.uint64(cells.itemsize)
+    keys_at, kid_at, alt_at, sig_at = (
+        desc[2 * _KEYS_ROW],
+        desc[2 * _KID_ROW],
+        desc[2 * _ALT_ROW],
+        desc[2 * _SIG_ROW],
+    )
+    fill_at, seeds_at, dirty_at = (
+        desc[2 * _FILL_ROW],
+        desc[2 * _SEEDS_ROW],
+        desc[2 * _BUCKET_DIRTY_ROW],
+    )
+    words_at, head_at, mark_at = desc[2 * _WORDS_ROW], desc[2 * _HEAD_ROW], desc[2 * _MARK_ROW]
+    for i in range(start, len(keys)):
+        key = keys[i]
+        x = mix64_compiled(key ^ geo[_BSEED])
+        for b in (((x & _M32) * nb) >> _U32, ((x >> _U32) * nb) >> _U32):
+            cell = b << _U2
+            prefetch(keys_at + cell * _U8)
+            prefetch(sig_at + cell * _U8)
+            prefetch(kid_at + cell * _U4)
+            prefetch(alt_at + cell * _U4)
+            prefetch(cells_at + cell * cell_bytes)
+            prefetch(fill_at + b)
+            prefetch(seeds_at + b)
+            prefetch(dirty_at + b)
+        h = mix64_compiled(key ^ geo[_OSEED])
+        for n in (((h & _M32) * ma) >> _U32, ma + (((h >> _U32) * mb) >> _U32)):
+            prefetch(head_at + n * _U4)
+            prefetch(mark_at + n * _U4)
+            prefetch(words_at + (n >> _U6) * _U8)
+    free = _described(desc, _FREE_ROW, np.int32)
+    top = _described(desc, _OTHELLO_STATE_ROW, np.int64)[_FREE_TOP]
+    for j in range(min(len(keys) - start, top)):
+        kid = np.uint64(free[top - 1 - j])  # half-edges 2·kid and 2·kid + 1: 8 bytes
+        prefetch(desc[2 * _NXT_ROW] + kid * _U8)
+        prefetch(desc[2 * _NODE_ROW] + kid * _U8)
+
+
+@_compiled
 def apply_writes(
     desc: NDArray[np.uint64],
     cells: NDArray[Any],
@@ -705,6 +779,7 @@ def apply_writes(
         np.empty((3, 4), dtype=np.uint64),
         np.empty(4, dtype=np.int64),
     )
+    _prefetch_writes(desc, cells, geo, keys, start)
     for i in range(start, len(keys)):
         key = keys[i]
         x = mix64_compiled(key ^ geo[_BSEED])
