@@ -14,6 +14,11 @@ everything the dataclass is and replaces only ``__init__``: one generated with t
 signature (defaults included) that hands the values to a compiled writer, which stores
 each in its slot as a member descriptor would, then calls ``__post_init__`` if the
 class has one. The signatures are in ``frozen_init.pyi``.
+
+Values a component builds valid by construction (a table's patch, a writer's batch, a
+publisher's columns) skip ``__init__`` and its checks altogether: :class:`SlotBuilder`
+makes the instance and writes its slots in one compiled call, where
+``object.__setattr__`` per slot cost a patch batch or an event batch about 0.6 µs.
 """
 
 import dataclasses
@@ -23,7 +28,7 @@ import types
 from cpython.ref cimport Py_INCREF, Py_XDECREF, PyObject
 from libc.stdlib cimport free, malloc
 
-__all__ = ["frozen_init"]
+__all__ = ["SlotBuilder", "field_builder", "frozen_init"]
 
 
 cdef extern from "Python.h":
@@ -57,10 +62,13 @@ cdef class _SlotWriter:
         free(self.offsets)
 
     def __call__(self, obj, tuple values):
-        cdef Py_ssize_t i
-        cdef PyObject** slot
         if not isinstance(obj, self.cls):
             raise TypeError(f"not a {self.cls.__name__}: {type(obj).__name__}")
+        self.store(obj, values)
+
+    cdef int store(self, object obj, tuple values) except -1:
+        cdef Py_ssize_t i
+        cdef PyObject** slot
         if len(values) != self.n:
             raise TypeError(f"{self.cls.__name__} takes {self.n} values, not {len(values)}")
         for i in range(self.n):
@@ -69,6 +77,31 @@ cdef class _SlotWriter:
             Py_INCREF(value)
             Py_XDECREF(slot[0])
             slot[0] = <PyObject*>value
+        return 0
+
+
+cdef class SlotBuilder:
+    """``SlotBuilder(cls, names)(*values)``: a new ``cls`` whose slots ``names`` hold
+    ``values``, in order, built without ``cls.__init__`` (nor ``__post_init__``). For
+    values their maker keeps valid: nothing is checked but their count. Every name must
+    be a slot of ``cls`` itself (TypeError otherwise)."""
+
+    cdef _SlotWriter writer
+    cdef type cls
+
+    def __init__(self, type cls, tuple names):
+        self.writer = _SlotWriter(cls, names)
+        self.cls = cls
+
+    def __call__(self, *values):
+        obj = object.__new__(self.cls)
+        self.writer.store(obj, values)
+        return obj
+
+
+def field_builder(cls):
+    """The :class:`SlotBuilder` of a slotted dataclass's fields, in declaration order."""
+    return SlotBuilder(cls, tuple(f.name for f in dataclasses.fields(cls)))
 
 
 def frozen_init(cls):

@@ -1,5 +1,7 @@
 """frozen_init replaces only __init__: a decorated dataclass is built, compared, hashed,
-copied and refused exactly as the dataclass it decorates, and holds no extra reference."""
+copied and refused exactly as the dataclass it decorates, and holds no extra reference.
+A SlotBuilder builds the same object without __init__ (for values valid by
+construction)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kvcompass.frozen_init import frozen_init
+from kvcompass.frozen_init import SlotBuilder, field_builder, frozen_init
 from kvcompass.index.discovery import Match, MultiLevelQuery
 from kvcompass.loadgen.sim.records import LoadSample, SimRecord
 from kvcompass.routing.policy import Decision, Feedback, RegionQueues, RouteRequest
@@ -115,3 +117,59 @@ def test_a_class_it_would_not_build_alike_is_refused() -> None:
 )  # fmt: skip
 def test_the_request_paths_values_use_it(cls: type) -> None:
     assert cls.__init__.__code__.co_names[0] == "_write"  # type: ignore[misc]
+
+
+def test_a_slot_builder_builds_what_init_builds_without_its_checks() -> None:
+    build = field_builder(Plain)
+    assert build(1, "x", (2,), 3.0) == Plain(1, "x", (2,), 3.0)
+    assert hash(build(1, "x", None, 1.5)) == hash(Plain(1, "x"))
+    unchecked = build(-1, "x", None, 1.5)  # its maker vouches for it: no __post_init__
+    assert unchecked.a == -1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        unchecked.a = 2  # type: ignore[misc]
+
+
+def test_a_slot_builder_counts_values_and_names_only_slots() -> None:
+    build = field_builder(Plain)
+    with pytest.raises(TypeError, match="takes 4 values, not 2"):
+        build(1, "x")
+    with pytest.raises(TypeError, match="is not a slot"):
+        SlotBuilder(Plain, ("a", "e"))
+
+
+def test_a_slot_builder_owns_its_values_once() -> None:
+    value = object()
+    before = sys.getrefcount(value)
+    build = field_builder(Plain)
+    objects = [build(1, "x", value, 1.5) for _ in range(100)]
+    assert sys.getrefcount(value) == before + 100
+    del objects
+    assert sys.getrefcount(value) == before
+
+
+def test_the_patch_paths_values_are_built_alike() -> None:
+    """The unchecked builds of the index's and the wire's patch path equal checked ones."""
+    from kvcompass.index.ludo import LudoTable
+    from kvcompass.pipeline.follower import PatchFollower, Position
+    from kvcompass.wire import PatchBatch, TablePatchWire
+
+    table = LudoTable.with_capacity(64)
+    for key in range(1, 21):
+        table.write(key, 1)
+    patch = table.take_patch()
+    assert patch.buckets is not None
+    assert len(patch.buckets) > 1
+    assert len(patch.words) > 0
+    assert not patch.is_empty
+    assert patch.reload is None
+    wire = TablePatchWire.of_table(3, patch)
+    assert (wire.table_id, wire.patch) == (3, patch)
+    batch = PatchBatch.of_writer(1, 2, 0, 1, 4, 5, (wire,), "mu")
+    checked = PatchBatch(1, 2, 0, 1, 4, 5, (TablePatchWire(3, patch),), "mu")
+    assert [
+        getattr(batch, f.name) for f in dataclasses.fields(PatchBatch) if f.name != "tables"
+    ] == [getattr(checked, f.name) for f in dataclasses.fields(PatchBatch) if f.name != "tables"]
+    follower = PatchFollower(1)
+    follower.position = Position("mu", 2, 0)
+    follower.applied(batch)
+    assert follower.position == Position("mu", 2, 1)

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 import numpy as np
 from numpy.typing import NDArray
 
+from kvcompass.frozen_init import field_builder
 from kvcompass.hashing import MASK64
 from kvcompass.index import kernel
 from kvcompass.index.addresses import address_of
@@ -43,9 +44,13 @@ __all__ = ["MAX_CUCKOO_MOVES", "LudoTable", "compile_write_kernel"]
 #: Fresh Othello hash seeds to try after a cycle before growing the table instead.
 _OTHELLO_ATTEMPTS = 16
 _EMPTY = -1
+#: Slot of the dirty-list length in the kernel's table and Othello state arrays.
+_N_DIRTY = 1
 #: Results for "nothing dirty", shared by every patch (so empty and read-only).
 _NO_WORDS = WordImages()
 _NO_WORDS.values.setflags(write=False)
+#: A patch of parts the table built valid, without the dataclass's field-by-field init.
+_build_patch = field_builder(TablePatch)
 
 
 class LudoTable:
@@ -120,6 +125,10 @@ class LudoTable:
             state=np.zeros(3, dtype=np.int64),
         )
         self._othello = OthelloGraph(g.n_nodes, g.n_words, g.capacity)
+        # The kernel's dirty counts, read per flush: a memoryview reads an int without
+        # making a numpy scalar.
+        self._dirty_buckets = self._t.state.data
+        self._dirty_words = self._othello.arrays.state.data
         # Valid while self._t and self._othello keep their arrays (until the next reset).
         self._write_desc = kernel.write_descriptor(self._t, self._othello.arrays)
         # Where a patch's cell and fingerprint rows come from (kvcompass.index.patch_copy).
@@ -443,8 +452,8 @@ class LudoTable:
             self._corrupt is not None
             or self._reload_pending
             or self._othello_reset
-            or self._t.state[1]
-            or self._othello.arrays.state[1]
+            or self._dirty_buckets[_N_DIRTY]
+            or self._dirty_words[_N_DIRTY]
         )
 
     def take_patch(self) -> TablePatch:
@@ -462,7 +471,9 @@ class LudoTable:
             reset = OthelloReset(g.othello_seed, othello.words.tobytes())
             self._othello_reset = False
         buckets, words = take_dirty(self._write_desc, *self._patch_source, reset is None)
-        return TablePatch(g.generation, buckets, _NO_WORDS if words is None else words, reset)
+        return _build_patch(
+            g.generation, buckets, _NO_WORDS if words is None else words, reset, None
+        )
 
     def _forget_dirty(self) -> None:
         """Clear the dirty buckets and words: a reload carries the whole table."""

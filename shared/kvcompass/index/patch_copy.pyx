@@ -21,7 +21,14 @@ from libc.string cimport memcpy, strcmp
 
 import numpy as np
 
+from kvcompass.frozen_init import field_builder
 from kvcompass.index.patches import BucketImages, WordImages
+
+# Looked up once: a patch builds up to six arrays and two images per table.
+_ndarray = np.ndarray
+_INT64, _UINT8, _UINT64 = np.dtype(np.int64), np.dtype(np.uint8), np.dtype(np.uint64)
+_bucket_images = field_builder(BucketImages)
+_word_images = field_builder(WordImages)
 
 __all__ = ["DESCRIPTOR_ROWS", "apply_images", "take_dirty"]
 
@@ -127,12 +134,12 @@ def take_dirty(
             fps_buffer = _new(fp_row * n, &out_fps)
             for k in range(n):
                 memcpy(out_fps + k * fp_row, <char*>fps + dirty[k] * fp_row, fp_row)
-            fingerprints = np.ndarray((n, 4), fp_dtype, fps_buffer)
+            fingerprints = _ndarray((n, 4), fp_dtype, fps_buffer)
         state[_N_DIRTY] = 0
-        bucket_images = BucketImages(
-            np.ndarray(n, np.int64, buckets_buffer),
-            np.ndarray(n, np.uint8, seeds_buffer),
-            np.ndarray((n, 4), cell_dtype, cells_buffer),
+        bucket_images = _bucket_images(
+            _ndarray(n, _INT64, buckets_buffer),
+            _ndarray(n, _UINT8, seeds_buffer),
+            _ndarray((n, 4), cell_dtype, cells_buffer),
             fingerprints,
         )
     if m:
@@ -145,9 +152,9 @@ def take_dirty(
             memcpy(out_indices, dirty_words, 8 * m)
             for k in range(m):
                 (<uint64_t*>out_values)[k] = all_words[dirty_words[k]]
-            word_images = WordImages(
-                np.ndarray(m, np.int64, indices_buffer),
-                np.ndarray(m, np.uint64, values_buffer),
+            word_images = _word_images(
+                _ndarray(m, _INT64, indices_buffer),
+                _ndarray(m, _UINT64, values_buffer),
             )
     return bucket_images, word_images
 

@@ -23,6 +23,7 @@ import enum
 from dataclasses import dataclass
 
 from kvcompass.errors import BadInput, InvariantBroken
+from kvcompass.frozen_init import field_builder
 from kvcompass.snapshot import SnapshotMeta
 from kvcompass.wire import PatchBatch
 
@@ -54,6 +55,10 @@ class Position:
     owner: str
     epoch: int
     next_seq: int
+
+
+#: A position built from a valid one (one per applied batch, on every edge).
+_next_position = field_builder(Position)
 
 
 class PatchFollower:
@@ -100,7 +105,7 @@ class PatchFollower:
         pos = self.position
         if pos is None or self.offer(batch) is not Verdict.APPLY:
             raise InvariantBroken(f"batch {batch.epoch}/{batch.seq} does not continue {pos}")
-        self.position = Position(pos.owner, pos.epoch, batch.seq + 1)
+        self.position = _next_position(pos.owner, pos.epoch, batch.seq + 1)
         self.last_produced_ns = batch.produced_at_ns
 
     def compare(self, meta: SnapshotMeta) -> SnapshotCheck:

@@ -9,6 +9,7 @@ from typing import Any, ClassVar, NoReturn
 import numpy as np
 from numpy.typing import NDArray
 
+from kvcompass.frozen_init import SlotBuilder
 from kvcompass.wire._base import MAX_ITEMS, WireMessage, register
 from kvcompass.wire._checks import (
     I64_MAX,
@@ -155,17 +156,16 @@ class KVEventBatch(WireMessage):
         check a decoded batch's pass (a publisher's
         :class:`~kvcompass.event_buffers.ShardEventBuffers` builds them so), the header
         fields within their ranges (a publisher checks its worker's once)."""
-        batch = object.__new__(cls)
-        put = object.__setattr__
-        put(batch, "worker_id", worker_id)
-        put(batch, "region", region)
-        put(batch, "worker_seq", worker_seq)
-        put(batch, "shard", shard)
-        put(batch, "sent_at_ns", sent_at_ns)
-        put(batch, "worker_incarnation", worker_incarnation)
-        put(batch, "_columns", EventColumns(kinds, tiers, counts, lengths, keys))
-        put(batch, "_events", None)
-        return batch
+        return _build_valid(
+            worker_id,
+            region,
+            worker_seq,
+            shard,
+            sent_at_ns,
+            worker_incarnation,
+            EventColumns(kinds, tiers, counts, lengths, keys),
+            None,
+        )
 
     @classmethod
     def _of(cls, header: tuple[Any, ...], columns: EventColumns) -> KVEventBatch:
@@ -307,3 +307,9 @@ class KVEventBatch(WireMessage):
         )
         check_columns(columns)
         return cls._of(header, columns)
+
+
+#: A batch of valid fields, slot by slot (:meth:`KVEventBatch.from_valid_columns`).
+_build_valid: SlotBuilder[KVEventBatch] = SlotBuilder(
+    KVEventBatch, (*_HEADER, "_columns", "_events")
+)

@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Final
 import numpy as np
 from numpy.typing import NDArray
 
+from kvcompass.frozen_init import field_builder
 from kvcompass.index.patches import BucketImages, OthelloReset, TablePatch, WordImages
 from kvcompass.wire._base import MAX_ITEMS, WireMessage, register
 from kvcompass.wire._checks import (
@@ -110,10 +111,7 @@ class TablePatchWire:
         flush wraps one to a few per batch, where the checks cost about 5 µs each.
         ``table_id`` is a layout's table id. Anything else goes through the constructor.
         """
-        wire = object.__new__(cls)
-        object.__setattr__(wire, "table_id", table_id)
-        object.__setattr__(wire, "patch", patch)
-        return wire
+        return _build_table_patch(table_id, patch)
 
     def _body(self) -> dict[str, object]:
         patch = self.patch
@@ -317,17 +315,9 @@ class PatchBatch(WireMessage):
         when it starts, its own counters, the patches it took, a clock reading it
         checks), built without the checks: a maintenance unit's flush makes one per
         shard and flush, where they cost about 2 µs."""
-        batch = object.__new__(cls)
-        put = object.__setattr__
-        put(batch, "shard", shard)
-        put(batch, "epoch", epoch)
-        put(batch, "seq", seq)
-        put(batch, "events_from", events_from)
-        put(batch, "events_to", events_to)
-        put(batch, "produced_at_ns", produced_at_ns)
-        put(batch, "tables", tables)
-        put(batch, "owner", owner)
-        return batch
+        return _build_batch(
+            shard, epoch, seq, events_from, events_to, produced_at_ns, tables, owner
+        )
 
     def _body(self) -> dict[str, object]:
         return {
@@ -362,3 +352,9 @@ def _check_owner(value: object) -> str:
     if len(value) > MAX_OWNER_CHARS:
         raise WireError(f"{len(value)} characters exceed {MAX_OWNER_CHARS}", "owner")
     return check_str(value, "owner") if value else ""
+
+
+#: Unchecked builds, field by field (:meth:`TablePatchWire.of_table`,
+#: :meth:`PatchBatch.of_writer`).
+_build_table_patch = field_builder(TablePatchWire)
+_build_batch = field_builder(PatchBatch)
