@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import random
 from collections.abc import Callable
@@ -404,15 +405,14 @@ def test_a_batch_is_one_write_of_every_key_in_event_order(
         KVEvent(EventKind.ADMIT, Tier.DRAM, ((64, keys[3]),)),
     )
     calls: list[tuple[list[int], list[int], list[int]]] = []
-    write_many = LudoTable.write_bits_many
+    write_at = LudoTable.write_at
 
-    def record(
-        table: LudoTable, k: np.ndarray, c: np.ndarray, b: np.ndarray, *, checked: bool = False
-    ) -> None:
-        calls.append((k.tolist(), c.tolist(), b.tolist()))
-        write_many(table, k, c, b, checked=checked)
+    def record(table: LudoTable, k: int, c: int, b: int, n: int) -> None:
+        k_list, c_list, b_list = (list((ctypes.c_uint64 * n).from_address(a)) for a in (k, c, b))
+        calls.append((k_list, c_list, b_list))
+        write_at(table, k, c, b, n)
 
-    monkeypatch.setattr(LudoTable, "write_bits_many", record)
+    monkeypatch.setattr(LudoTable, "write_at", record)
     batch = KVEventBatch(worker.id, worker.region, 5, 0, 0, events, worker_incarnation=3)
     assert writer.apply(batch, 0) is Admission.APPLY
     shift = 2 * field
@@ -815,20 +815,17 @@ def test_a_write_that_fails_mid_move_breaks_the_writer_for_good(
     batches = _one_batch(fleet)
     writer.apply(batches[0], 0)
     good = writer.snapshot()
-    write_many = LudoTable.write_bits_many
+    write_at = LudoTable.write_at
 
-    def fail_half_way(
-        table: LudoTable, k: np.ndarray, c: np.ndarray, b: np.ndarray, *, checked: bool = False
-    ) -> None:
-        half = len(k) // 2
-        write_many(table, k[:half], c[:half], b[:half], checked=checked)
+    def fail_half_way(table: LudoTable, k: int, c: int, b: int, n: int) -> None:
+        write_at(table, k, c, b, n // 2)
         raise TableFull("no bucket seed separates a bucket's keys; reload the table")
 
-    monkeypatch.setattr(LudoTable, "write_bits_many", fail_half_way)
+    monkeypatch.setattr(LudoTable, "write_at", fail_half_way)
     more = _one_batch(fleet)
     with pytest.raises(InvariantBroken, match="reload the table"):
         writer.apply(more[0], 1)
-    monkeypatch.setattr(LudoTable, "write_bits_many", write_many)
+    monkeypatch.setattr(LudoTable, "write_at", write_at)
     assert writer.broken
     for attempt in (
         writer.snapshot,
@@ -849,10 +846,10 @@ def test_a_failed_staged_write_surfaces_at_the_flush_and_nothing_is_snapshotted(
     for i, b in enumerate(batches):
         writer.stage(b, i)
 
-    def corrupt(table: LudoTable, *arrays: np.ndarray, checked: bool = False) -> None:
+    def corrupt(table: LudoTable, *columns: int) -> None:
         raise InvariantBroken("kernel left a bucket half-moved")
 
-    monkeypatch.setattr(LudoTable, "write_bits_many", corrupt)
+    monkeypatch.setattr(LudoTable, "write_at", corrupt)
     with pytest.raises(InvariantBroken, match="half-moved"):
         writer.flush(Store().persist)
     with pytest.raises(InvariantBroken, match="broken"):

@@ -33,7 +33,9 @@ from kvcompass.keys import SHARD_SALT
 
 __all__ = [
     "CYCLE",
+    "DESCRIPTOR_LENGTH",
     "DONE",
+    "GEOMETRY_LENGTH",
     "MAX_CUCKOO_MOVES",
     "NEED_GROW",
     "NEED_REBUILD",
@@ -191,6 +193,12 @@ _FILL_ROW, _SEEDS_ROW, _BUCKET_DIRTY_ROW = (
 _WORDS_ROW, _HEAD_ROW, _NXT_ROW, _NODE_ROW, _FREE_ROW, _MARK_ROW, _OTHELLO_STATE_ROW = (
     _row("othello", n) for n in ("words", "head", "nxt", "node", "free", "mark", "state")
 )
+
+
+#: uint64 items of a write descriptor: (address, length) per described array.
+DESCRIPTOR_LENGTH: Final = 2 * (len(_DESCRIBED_TABLE) + len(_DESCRIBED_OTHELLO))
+#: uint64 items of a geometry vector.
+GEOMETRY_LENGTH: Final = _FPBITS + 1
 
 
 def write_descriptor(table: TableArrays, othello: OthelloArrays) -> NDArray[np.uint64]:

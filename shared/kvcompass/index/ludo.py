@@ -18,7 +18,7 @@ from numpy.typing import NDArray
 
 from kvcompass.frozen_init import field_builder
 from kvcompass.hashing import MASK64
-from kvcompass.index import kernel
+from kvcompass.index import kernel, write_call
 from kvcompass.index.addresses import address_of
 from kvcompass.index.errors import IndexCorrupt, SnapshotError, TableFull
 from kvcompass.index.geometry import DEFAULT_LOAD_LIMIT, TableGeometry
@@ -141,7 +141,16 @@ class LudoTable:
             fps.itemsize if g.fingerprint_bits else 0,
             fps.dtype,
         )
-        self._geo = kernel.geometry_vector(g)
+        self._geo = kernel.geometry_vector(g)  # rewritten in place when the seed changes
+        # The kernel's C entry takes all of the above by address (write_at).
+        self._write_target = (
+            address_of(self._write_desc),
+            address_of(cells),
+            cells.itemsize,
+            address_of(fps),
+            fps.itemsize,
+            address_of(self._geo),
+        )
         self._value_mask = g.value_mask
         self._othello_reset = False
 
@@ -307,13 +316,32 @@ class LudoTable:
             status, i = kernel.apply_writes(
                 self._write_desc, self._t.cells, self._t.fps, self._geo, keys, clear, bits, i
             )
-            if status == kernel.NEED_GROW:
-                self._grow()  # then retry the same write in the new generation
-            elif status == kernel.NEED_REBUILD:
-                self._rebuild_othello()
-                i += 1
-            elif status == kernel.NO_SEED:
-                raise self._poison("no bucket seed separates a bucket's keys mid-move")
+            if status != kernel.DONE:
+                i = self._resume_after(int(status), int(i))
+
+    def write_at(self, keys: int, clear: int, bits: int, n: int) -> None:
+        """:meth:`write_bits_many` of ``n`` checked writes whose uint64 columns are given
+        by address (a maintenance unit's staged writes): run by the kernel's C entry,
+        with no array made or unboxed. The caller keeps the columns alive meanwhile."""
+        self._check_intact()
+        i = 0
+        while i < n:
+            status, i = write_call.write_at(self._write_target, keys, clear, bits, n, i)
+            if status != kernel.DONE:
+                i = self._resume_after(status, i)
+
+    def _resume_after(self, status: int, i: int) -> int:
+        """Take the whole-table step a kernel stop at write ``i`` asks for; the write to
+        resume at."""
+        if status == kernel.NEED_GROW:
+            self._grow()  # then retry the same write in the new generation
+            return i
+        if status == kernel.NEED_REBUILD:
+            self._rebuild_othello()
+            return i + 1
+        if status == kernel.NO_SEED:
+            raise self._poison("no bucket seed separates a bucket's keys mid-move")
+        raise self._poison(f"the write kernel stopped with an unknown status {status}")
 
     def _poison(self, reason: str) -> IndexCorrupt:
         """Mark the table untrustworthy: nothing derived from it may leave the process."""
@@ -339,7 +367,7 @@ class LudoTable:
             kids = self._othello.rebuild(ia.astype(np.int64), ib.astype(np.int64), bits)
             if kids is not None:
                 self.geometry = g
-                self._geo = kernel.geometry_vector(g)
+                self._geo[:] = kernel.geometry_vector(g)  # in place: _write_target has it
                 self._t.kid[:] = _EMPTY
                 self._t.kid[occ] = kids
                 self._othello_reset = True
@@ -598,6 +626,9 @@ def compile_write_kernel(value_bits: int = 0, fingerprint_bits: int = -1) -> Non
             keys = np.arange(1, 41, dtype=np.uint64)
             table.put_many(keys, keys)
             table.put_many(keys, np.zeros_like(keys))
+            # ... and the C entry a maintenance unit's staged writes go through.
+            clear = np.full(len(keys), table.geometry.value_mask, dtype=np.uint64)
+            table.write_at(address_of(keys), address_of(clear), address_of(keys), len(keys))
     kernel.first_foreign(np.zeros(1, dtype=np.uint64), 1, 0)  # ShardTables' unchecked writes
 
 

@@ -120,31 +120,30 @@ class ShardTables:
         self.set_tier(held, worker, Tier.ABSENT)
         return len(held)
 
+    def write_staged(self, table_id: int, keys: int, clear: int, bits: int, n: int) -> None:
+        """:meth:`write_columns` of ``n`` checked writes given by the addresses of their
+        uint64 columns (:meth:`LudoTable.write_at`): a maintenance unit's staged writes,
+        keys of this shard, bits within the table's fields."""
+        table = self._tables[table_id]
+        self._written.add(table_id)
+        table.write_at(keys, clear, bits, n)
+
     def write_columns(
         self,
         table_id: int,
         keys: NDArray[np.uint64],
         clear: NDArray[np.uint64],
         bits: NDArray[np.uint64],
-        *,
-        checked: bool = False,
     ) -> None:
         """value := (value & ~clear[i]) | bits[i] for every keys[i] of one table, in order.
 
-        The maintenance unit's batch write (one compiled call). Refuses the whole call,
-        changing nothing, when any key is not a 63-bit key of this shard or any value
-        does not fit the table. ``checked``: the caller passes contiguous uint64 columns
-        of one length whose keys are 63-bit keys of this shard and whose bits fit the
-        table (the writer builds them from the batches it checked as it staged them), so
-        nothing is scanned a second time.
+        One compiled call. Refuses the whole call, changing nothing, when any key is not
+        a 63-bit key of this shard or any value does not fit the table.
         """
         table = self._tables.get(table_id)
         if table is None:
             raise BadInput(f"no table {table_id} in this layout")
         self._written.add(table_id)
-        if checked:
-            table.write_bits_many(keys, clear, bits, checked=True)
-            return
         if keys.ndim != 1 or not (keys.shape == clear.shape == bits.shape):
             raise BadInput(
                 f"keys, clear and bits must be equal-length vectors: "

@@ -6,8 +6,8 @@ from typing_extensions import disjoint_base
 
 __all__ = ["StagedWrites"]
 
-#: (table id, keys, clear, bits) of one table's staged writes.
-_Taken = tuple[int, NDArray[np.uint64], NDArray[np.uint64], NDArray[np.uint64]]
+#: (table id, keys, clear, bits, count) of one table's staged writes (columns by address).
+_Taken = tuple[int, int, int, int, int]
 
 @disjoint_base
 class StagedWrites:

@@ -11,7 +11,7 @@ masks to the table's columns in C, where numpy built two filled arrays per batch
 concatenated them per table; the shard check of a batch's keys runs here too.
 """
 
-from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free
 
 import numpy as np
@@ -140,15 +140,22 @@ cdef class StagedWrites:
 
     def take(self):
         """Every table's staged writes, tables in the order of their first staged write:
-        a list of ``(table_id, keys, clear, bits)``, writable uint64 arrays that share
-        the buffers (valid until the next :meth:`add`). Nothing is staged after."""
-        cdef Py_ssize_t k, table_id, size
+        a list of ``(table_id, keys, clear, bits, n)``, the addresses of ``n`` staged
+        uint64 keys and masks each (for the write kernel's C entry: no array is made),
+        valid until the next :meth:`add`. Nothing is staged after."""
+        cdef Py_ssize_t k, table_id
+        cdef uint64_t** columns
         taken = []
         for k in range(self._n_order):
             table_id = self._order[k]
-            size = self._sizes[table_id]
+            columns = self._columns + 3 * table_id
+            taken.append((
+                table_id,
+                <uintptr_t>columns[0],
+                <uintptr_t>columns[1],
+                <uintptr_t>columns[2],
+                self._sizes[table_id],
+            ))
             self._sizes[table_id] = 0
-            keys, clear, bits = self._arrays[table_id]
-            taken.append((table_id, keys[:size], clear[:size], bits[:size]))
         self._n_order = 0
         return taken

@@ -286,8 +286,8 @@ class ShardWriter:
         """
         self._check_usable()
         try:
-            for table_id, keys, clear, bits in self._staged.take():
-                self.tables.write_columns(table_id, keys, clear, bits, checked=True)
+            for table_id, keys, clear, bits, n in self._staged.take():
+                self.tables.write_staged(table_id, keys, clear, bits, n)
         except InvariantBroken as exc:
             self._broken = f"write to shard {self.shard} failed: {exc}"
             raise
