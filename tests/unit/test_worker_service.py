@@ -66,7 +66,7 @@ def test_a_completion_body_becomes_a_request_in_its_tenant_namespace() -> None:
         TOPOLOGY,
     )
     assert parsed.request.namespace.group == "t1"
-    assert parsed.request.tokens.tolist() == [1, 2, 3]
+    assert list(parsed.request.tokens) == [1, 2, 3]
     assert parsed.request.max_tokens == 4
     assert parsed.claimed_tokens == 2
     default = _parse_completion(completion(max_tokens=None), TOPOLOGY).request

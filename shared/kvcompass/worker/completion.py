@@ -7,11 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-import numpy as np
-from numpy.typing import NDArray
-
 from kvcompass.frozen_init import frozen_init
-from kvcompass.keys import Namespace
+from kvcompass.keys import Namespace, TokenIds
 
 __all__ = ["MigrationMode", "Request", "Timings"]
 
@@ -19,11 +16,12 @@ __all__ = ["MigrationMode", "Request", "Timings"]
 @frozen_init
 @dataclass(frozen=True, slots=True)
 class Request:
-    """A completion to compute: ``max_tokens`` (≥ 1) output tokens after the prompt."""
+    """A completion to compute: ``max_tokens`` (≥ 1) output tokens after the prompt
+    (``tokens``: best a uint32 buffer, which the cache reads as it is)."""
 
     request_id: str
     namespace: Namespace
-    tokens: NDArray[np.uint32]
+    tokens: TokenIds
     max_tokens: int
 
     def __post_init__(self) -> None:
