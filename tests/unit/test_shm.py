@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from kvcompass.errors import BadInput, ConfigError, Transient
-from kvcompass.index import LudoTable, SnapshotError, TablePatch, probe
+from kvcompass.index import LudoTable, SnapshotError, TablePatch, probe_call
 from kvcompass.index.discovery import DiscoveryView, Match, MultiLevelQuery, QueryPlanner
 from kvcompass.index.layout import IndexLayout, Tier, with_tier
 from kvcompass.index.reader import IndexNotReady, IndexReader
@@ -700,11 +700,11 @@ def test_a_write_during_a_read_section_is_never_seen_half_done(
     Both on the first read (it maps the tables) and once they are mapped (the reader's
     inline section)."""
     with Flip.open(prefix) as flip:
-        match_probes = probe.match_probes
+        match = probe_call.match
         writes: list[int] = []
 
         def probe_then_write(*args: Any) -> None:
-            match_probes(*args)
+            match(*args)
             if not writes:
                 writes.append(1)
                 flip.writer.apply(0, flip.batch)
@@ -712,7 +712,7 @@ def test_a_write_during_a_read_section_is_never_seen_half_done(
         with SharedIndexReader(prefix, flip.layout) as reader:
             if mapped:
                 assert reader.match(flip.query) == flip.before
-            monkeypatch.setattr(probe, "match_probes", probe_then_write)
+            monkeypatch.setattr(probe_call, "match", probe_then_write)
             assert reader.match(flip.query) == flip.after
         assert writes, "the write should have happened inside the read section"
 

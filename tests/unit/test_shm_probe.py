@@ -1,13 +1,16 @@
-"""The compiled match of the shared-memory reader against the Python view and decoder."""
+"""The compiled match of both readers against the Python view and decoder, called from
+Python (numba's dispatcher) and from C (the entry the readers use)."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
 
-from kvcompass.index import LudoTable, LudoView, probe
+from kvcompass.index import LudoTable, LudoView, probe, probe_call
 from kvcompass.index.image import ImageHeader, layout_of
 
 
@@ -63,8 +66,19 @@ def test_compiled_lookup_equals_the_view_bit_for_bit(value_bits: int, fp_bits: i
         assert any(got[len(keys) :])
 
 
+#: The kernel as numba's dispatcher runs it, and from C with either key type.
+MATCHES: list[tuple[Callable[..., None], type[np.integer[Any]]]] = [
+    (probe.match_probes, np.int64),
+    (probe_call.match, np.int64),
+    (probe_call.match, np.uint64),
+]
+
+
+@pytest.mark.parametrize(("match", "key_type"), MATCHES)
 @pytest.mark.parametrize("chained", [False, True])
-def test_match_probes_decodes_like_the_python_decoder(chained: bool) -> None:
+def test_match_probes_decodes_like_the_python_decoder(
+    chained: bool, match: Callable[..., None], key_type: type[np.integer[Any]]
+) -> None:
     """One 64-bit table whose 32 fields belong to scattered workers: each worker gets
     the length of its last probe with a nonzero field, and that field's tier. Rows whose
     key index is past the keys (a prompt shorter than their length) are skipped.
@@ -79,9 +93,7 @@ def test_match_probes_decodes_like_the_python_decoder(chained: bool) -> None:
     probes = np.array([(i, 0, 16 * (i + 1), a) for i, a in enumerate(after)], np.int64)
     lengths, tiers = np.zeros(100, np.int64), np.zeros(100, np.int64)
     touched = np.zeros(1, np.uint8)
-    probe.match_probes(
-        desc, 1, np.array(picked, np.int64), probes, workers, lengths, tiers, touched
-    )
+    match(desc, 1, np.array(picked, key_type), probes, workers, lengths, tiers, touched)
     want_lengths, want_tiers = [0] * 100, [0] * 100
     for i, key in enumerate(picked):
         value = table.get(key)
@@ -99,6 +111,10 @@ def test_match_probes_decodes_like_the_python_decoder(chained: bool) -> None:
         assert max(want_lengths) < 16 * len(picked)
 
 
+def test_the_c_entry_reads_rows_of_the_kernels_width() -> None:
+    assert probe_call.N_COLUMNS == probe.N_COLUMNS
+
+
 def test_table_workers_pads_short_tables() -> None:
     assert probe.table_workers([(3, 4), (7,)]).tolist() == [[3, 4], [7, -1]]
 
@@ -111,7 +127,7 @@ def test_a_guard_row_gates_the_next_row_and_credits_nothing() -> None:
     owners = list(range(32))
     rows = np.array([(0, 0, -16, probe.UNCHECKED), (1, 0, 32, -16)], np.int64)
     lengths, tiers = np.zeros(32, np.int64), np.zeros(32, np.int64)
-    probe.match_probes(
+    probe_call.match(
         desc,
         1,
         np.array(keys[:2], np.int64),
@@ -129,3 +145,39 @@ def test_a_guard_row_gates_the_next_row_and_credits_nothing() -> None:
         want = (32, at_first) if at_guard and at_first else (0, 0)
         assert (lengths[w], tiers[w]) == want, w
     assert cases == {(True, True), (True, False), (False, True), (False, False)}
+
+
+def test_the_c_entry_refuses_arrays_it_cannot_read_and_writes_nothing() -> None:
+    table, keys = _table(32, 0)
+    _buf, desc = _described(table.view_image())
+    good: dict[str, Any] = {
+        "desc": desc,
+        "n_tables": 1,
+        "keys": np.array(keys[:2], np.uint64),
+        "probes": np.array([(0, 0, 16, probe.UNCHECKED), (1, 0, 32, 16)], np.int64),
+        "workers": probe.table_workers([tuple(range(16))]),
+        "lengths": np.zeros(16, np.int64),
+        "tiers": np.zeros(16, np.int64),
+        "touched": np.zeros(1, np.uint8),
+    }
+    frozen = np.zeros(16, np.int64)
+    frozen.setflags(write=False)
+    for name, bad, message in [
+        ("desc", desc[:, :5].copy(), "desc"),
+        ("n_tables", 2, "shards of 2 tables"),
+        ("n_tables", 0, "shards of 0 tables"),
+        ("keys", np.zeros(2, np.uint32), "keys"),
+        ("probes", np.zeros((2, 3), np.int64), "probes"),
+        ("workers", np.zeros((1, 16), np.int32), "workers"),
+        ("tiers", np.zeros(15, np.int64), "lengths and tiers"),
+        ("touched", np.zeros(2, np.uint8), "touched"),
+        ("keys", np.array(keys[:4], np.uint64)[::2], "contiguous"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            probe_call.match(**{**good, name: bad})
+    with pytest.raises(ValueError, match="read-only"):
+        probe_call.match(**{**good, "lengths": frozen})
+    assert not good["lengths"].any()
+    assert not good["touched"].any()
+    probe_call.match(**good)
+    assert good["touched"].tolist() == [1]

@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 
 from kvcompass.errors import BadInput
 from kvcompass.frozen_init import frozen_init
-from kvcompass.index import probe
+from kvcompass.index import probe, probe_call
 from kvcompass.index.layout import IndexLayout, Tier
 from kvcompass.index.patches import TablePatch
 from kvcompass.index.view import LudoView
@@ -230,8 +230,10 @@ class MatchProbes:
         }
         self._planned: dict[tuple[_Shape, bool], NDArray[np.int64]] = {}
 
-    def rows(self, query: MultiLevelQuery) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-        """The query's keys (63-bit, so int64) and its probe rows."""
+    def rows(
+        self, query: MultiLevelQuery
+    ) -> tuple[NDArray[np.uint64] | NDArray[np.int64], NDArray[np.int64]]:
+        """The query's keys (63-bit: uint64 or int64) and its probe rows."""
         regions = query.per_region
         if isinstance(regions, _PlannedRegions):
             # A planner's rows cover all its lengths (the kernel skips those past the
@@ -241,7 +243,7 @@ class MatchProbes:
             if probes is None:
                 probes = self._rows(regions.shape.regions, query.chained, regions.shape.guards)
                 self._planned[planned] = probes
-            return regions.key_array.view(np.int64), probes  # 63-bit keys
+            return regions.key_array, probes  # 63-bit: the kernel takes them as they are
         keys: list[int] = []
         indexed: dict[str, list[tuple[int, int]]] = {}
         for region, pairs in regions.items():
@@ -328,7 +330,7 @@ class DiscoveryView:
             if not all(map(operator.is_, rows, self._rows)):
                 self._rows = rows
                 self._desc = np.array(rows)
-        probe.match_probes(
+        probe_call.match(
             self._desc,
             self._probes.n_tables,
             *self._probes.rows(query),

@@ -15,7 +15,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvcompass.errors import ConfigError
-from kvcompass.index import probe
+from kvcompass.index import probe, probe_call
 from kvcompass.index.discovery import Match, MatchProbes, MultiLevelQuery
 from kvcompass.index.errors import SnapshotError
 from kvcompass.index.image import ImageHeader, layout_of
@@ -186,7 +186,7 @@ class _Attachment:
 
     def match_probes(
         self,
-        keys: NDArray[np.int64],
+        keys: NDArray[np.uint64] | NDArray[np.int64],
         probes: NDArray[np.int64],
         workers: NDArray[np.int64],
         out: tuple[NDArray[np.int64], NDArray[np.int64]],
@@ -204,7 +204,7 @@ class _Attachment:
                 break
         else:
             if self._shard_versions.tolist() == self._versions:
-                probe.match_probes(
+                probe_call.match(
                     self._desc, self.n_tables, keys, probes, workers, lengths, tiers, self._touched
                 )
                 if self._seqlocks.tolist() != before:
@@ -221,7 +221,7 @@ class _Attachment:
 
     def _stable_match(
         self,
-        keys: NDArray[np.int64],
+        keys: NDArray[np.uint64] | NDArray[np.int64],
         probes: NDArray[np.int64],
         workers: NDArray[np.int64],
         out: tuple[NDArray[np.int64], NDArray[np.int64]],
@@ -233,7 +233,7 @@ class _Attachment:
             for shard, record in enumerate(records):
                 if record[VERSION] != versions[shard]:
                     self._refresh(shard)  # every descriptor row current
-            probe.match_probes(
+            probe_call.match(
                 self._desc, self.n_tables, keys, probes, workers, lengths, tiers, touched
             )
 
