@@ -40,6 +40,20 @@ _SIGNATURE = types.int64(
 )
 
 
+@numba.njit(cache=True)
+def _with_fingerprints(
+    desc: Any, cells: Any, fps_at: Any, fp_bytes: Any, columns: Any
+) -> tuple[Any, Any]:
+    """:func:`apply_writes` with the fingerprints at ``fps_at`` wrapped at their width
+    (compiled once per cell type)."""
+    geo, keys, clear, bits, start = columns
+    if fp_bytes == 2:
+        fps2 = carray(address(fps_at), len(cells), np.uint16)
+        return apply_writes(desc, cells, fps2, geo, keys, clear, bits, start)
+    fps1 = carray(address(fps_at), len(cells), np.uint8)
+    return apply_writes(desc, cells, fps1, geo, keys, clear, bits, start)
+
+
 @numba.cfunc(_SIGNATURE, cache=True)
 def _write_at(
     desc_at: Any,
@@ -62,22 +76,13 @@ def _write_at(
     keys = carray(address(keys_at), n, np.uint64)
     clear = carray(address(clear_at), n, np.uint64)
     bits = carray(address(bits_at), n, np.uint64)
+    columns = (geo, keys, clear, bits, start)
     if cell_bytes == 4:
         cells4 = carray(address(cells_at), n_cells, np.uint32)
-        if fp_bytes == 2:
-            fps2 = carray(address(fps_at), n_cells, np.uint16)
-            status, i = apply_writes(desc, cells4, fps2, geo, keys, clear, bits, start)
-        else:
-            fps1 = carray(address(fps_at), n_cells, np.uint8)
-            status, i = apply_writes(desc, cells4, fps1, geo, keys, clear, bits, start)
+        status, i = _with_fingerprints(desc, cells4, fps_at, fp_bytes, columns)
     else:
         cells8 = carray(address(cells_at), n_cells, np.uint64)
-        if fp_bytes == 2:
-            fps2 = carray(address(fps_at), n_cells, np.uint16)
-            status, i = apply_writes(desc, cells8, fps2, geo, keys, clear, bits, start)
-        else:
-            fps1 = carray(address(fps_at), n_cells, np.uint8)
-            status, i = apply_writes(desc, cells8, fps1, geo, keys, clear, bits, start)
+        status, i = _with_fingerprints(desc, cells8, fps_at, fp_bytes, columns)
     return (np.int64(status) << 32) | np.int64(i)
 
 
