@@ -328,16 +328,16 @@ def test_a_table_broken_mid_write_stops_the_mu_and_nothing_is_persisted(
     cluster.random_traffic(rng, 150, family)
 
     at_break: dict[int, tuple[int, int]] = {}
-    write_columns = ShardTables.write_columns
+    write_staged = ShardTables.write_staged
 
-    def break_the_last_shard(self: ShardTables, *args: object, **kwargs: object) -> None:
+    def break_the_last_shard(self: ShardTables, *args: int) -> None:
         # The last shard: a unit that wrongly drained would persist the others first.
         if self.shard == N_SHARDS - 1:
             at_break.update(_durable(cluster))
             raise IndexCorrupt("no bucket seed separates a bucket's keys mid-move")
-        write_columns(self, *args, **kwargs)  # type: ignore[arg-type]
+        write_staged(self, *args)
 
-    monkeypatch.setattr(ShardTables, "write_columns", break_the_last_shard)
+    monkeypatch.setattr(ShardTables, "write_staged", break_the_last_shard)
     settings = MaintenanceSettings.from_env(cluster.env())
     unit = MaintenanceUnit(
         settings,
