@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from kvcompass.index.reader import IndexNotReady, IndexReader
 from kvcompass.levels import LevelPlan
@@ -89,12 +89,13 @@ class KVCompassPolicy(QueueFed):
             lengths = tiers = self._no_match
             indexed = False
         indexed_lengths = lengths
+        # The own region's (length, key) pairs, built once: credit, record, migration.
+        own = query.per_region.get(self.origin_region, ()) if indexed else ()
         # Pending credit complements an index that answers (its lag); without one the
         # decision is by load alone ("no-index"), and nothing is recorded either.
         pending = self.pending if indexed else None
         if pending is not None:
             now = self._clock.monotonic()
-            own = query.per_region.get(self.origin_region, ())
             lengths, tiers = pending.credit(own, lengths, tiers, now)
         score = self.score
         belief = self.belief.values
@@ -137,9 +138,7 @@ class KVCompassPolicy(QueueFed):
             reason = "recompute"
         migration = None
         if self._migrate and indexed and not explain:  # explaining is a dry run
-            migration = self._consider_migration(
-                query.per_region, prompt, lengths, best, scores, queues
-            )
+            migration = self._consider_migration(own, prompt, lengths, best, scores, queues)
         return Decision(  # positional: measurably faster on this path
             best,
             score.ids[best],
@@ -154,7 +153,7 @@ class KVCompassPolicy(QueueFed):
 
     def _consider_migration(
         self,
-        per_region: Mapping[str, Sequence[tuple[int, int]]],
+        own: Sequence[tuple[int, int]],
         prompt: int,
         lengths: Sequence[int],
         best: int,
@@ -164,7 +163,6 @@ class KVCompassPolicy(QueueFed):
         """Count a local miss for the request's family; order a replica once it is hot."""
         if best in self._local and lengths[best]:
             return None  # served from a local cache: not a miss
-        own = per_region[self.origin_region]
         if not own or own[0][0] != self._family_length:
             return None  # shorter than the first chunk: no family
         family = own[0][1]
