@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from kvcompass.index import LudoTable
+from kvcompass.index import IndexCorrupt, LudoTable
 from kvcompass.index.addresses import address_of
 from kvcompass.index.write_call import write_at
 
@@ -87,3 +87,14 @@ def test_a_target_or_range_it_cannot_run_is_refused_before_the_call() -> None:
     with pytest.raises(ValueError, match=r"writes 2\.\.1"):
         write_at(target, at, at, at, 1, 2)
     assert table.count == 0
+
+
+def test_a_kernel_stop_with_an_unknown_status_poisons_the_table() -> None:
+    """A status the table does not know (a kernel bug) must not loop or go unnoticed:
+    the table refuses everything from then on."""
+    table = LudoTable.with_capacity(16)
+    with pytest.raises(IndexCorrupt, match="unknown status 7"):
+        table._resume_after(7, 0)
+    assert table.corrupt
+    with pytest.raises(IndexCorrupt):
+        table.take_patch()
