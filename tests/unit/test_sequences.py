@@ -93,6 +93,14 @@ def test_a_retired_incarnation_cannot_continue() -> None:
         table.admit("w", 7, 5)
 
 
+def test_a_run_may_jump_by_at_most_the_limit() -> None:
+    table = WorkerSequences(JUMP)
+    _seen(table, ("w", 7, 4))
+    assert table.admit("w", 7, 4 + JUMP) is Admission.APPLY
+    with pytest.raises(SequenceRefused, match="jumps more than 1000 past seq 4"):
+        table.admit("w", 7, 5 + JUMP)
+
+
 def test_a_new_incarnation_far_from_zero_is_refused() -> None:
     table = WorkerSequences(JUMP)
     _seen(table, ("w", 7, 4))

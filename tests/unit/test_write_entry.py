@@ -65,7 +65,11 @@ def test_the_c_entry_writes_what_the_python_called_kernel_writes(
         keys, clear, bits = _batch(rng, held, by_python.geometry.value_mask)
         by_python.write_bits_many(keys, clear, bits)
         by_address.write_at(address_of(keys), address_of(clear), address_of(bits), len(keys))
+        changed = by_python.changed
         want, got = by_python.take_patch(), by_address.take_patch()
+        # ShardTables sends a changed table's patch unchecked: it is never empty.
+        assert changed == (not want.is_empty)
+        assert not by_python.changed
         resets += want.othello_reset is not None
         assert got.generation == want.generation
         assert (got.reload is None) == (want.reload is None)

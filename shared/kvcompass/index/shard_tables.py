@@ -172,12 +172,10 @@ class ShardTables:
         out = {}
         written, self._written = self._written, set()
         for table_id, table in self._tables.items():
-            # Most tables of a shard see no write between flushes.
-            if not (table_id in written or table.corrupt) or not table.changed:
-                continue
-            patch = table.take_patch()
-            if not patch.is_empty:
-                out[table_id] = patch
+            # Most tables of a shard see no write between flushes; a changed one has
+            # something to send (LudoTable.changed), so its patch is never empty.
+            if (table_id in written or table.corrupt) and table.changed:
+                out[table_id] = table.take_patch()
         return out
 
     def view_images(self) -> dict[int, bytes]:
