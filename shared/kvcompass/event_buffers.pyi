@@ -1,5 +1,6 @@
 """Types of the compiled event buffers (event_buffers.pyx); the docstrings are there."""
 
+from array import array
 from collections.abc import Sequence
 
 import numpy as np
@@ -28,7 +29,7 @@ class ShardEventBuffers:
     def max_events(self) -> int: ...
     def __init__(self, n_shards: int, max_events: int) -> None: ...
     def add(
-        self, kind: int, tier: int, lengths: Sequence[int], keys: NDArray[np.uint64]
+        self, kind: int, tier: int, lengths: Sequence[int], keys: NDArray[np.uint64] | array[int]
     ) -> bool: ...
     def add_prefixes(
         self, kind: int, tier: int, head: bytes, tokens: object, lengths: Sequence[int]

@@ -231,11 +231,12 @@ class PrefixHasher:
         """The values of :meth:`keys`: the keys at the first ``len(result)`` lengths."""
         return self._keys_at(tokens, self.lengths)
 
-    def key_array(self, tokens: TokenIds) -> NDArray[np.uint64]:
-        """:meth:`key_list` as an array, for compiled code to take on (an edge's probes)."""
+    def key_array(self, tokens: TokenIds) -> array[int]:
+        """:meth:`key_list` as an ``array("Q")``, for compiled code to take on (an edge's
+        probes)."""
         return self._key_array(tokens, self.lengths)
 
-    def key_array_at(self, tokens: TokenIds, lengths: Sequence[int]) -> NDArray[np.uint64]:
+    def key_array_at(self, tokens: TokenIds, lengths: Sequence[int]) -> array[int]:
         """The keys at ``lengths``, an ascending selection of this hasher's lengths that
         the caller has checked, up to the prompt's length, as an array (a publisher's
         event buffers group them by shard). The tokens before the first are hashed in one
@@ -243,10 +244,10 @@ class PrefixHasher:
         and no hasher per selection."""
         return self._key_array(tokens, lengths)
 
-    def _key_array(self, tokens: TokenIds, lengths: Sequence[int]) -> NDArray[np.uint64]:
+    def _key_array(self, tokens: TokenIds, lengths: Sequence[int]) -> array[int]:
         if self.compiled:
             return self._walked_keys(tokens, lengths)
-        return np.array(self._keys_at(tokens, lengths), dtype=np.uint64)
+        return array("Q", self._keys_at(tokens, lengths))
 
     def key_at(self, tokens: TokenIds, length: int) -> int | None:
         """The key at ``length``, one of this hasher's lengths that the caller has
@@ -254,7 +255,7 @@ class PrefixHasher:
         one length each, several per request once its cache is full."""
         if self.compiled:
             keys = self._walked_keys(tokens, (length,))
-            return int(keys[0]) if len(keys) else None
+            return keys[0] if len(keys) else None
         data = _token_bytes(tokens, length)
         if len(data) < length * _TOKEN_BYTES:
             return None
@@ -263,13 +264,13 @@ class PrefixHasher:
     def _keys_at(self, tokens: TokenIds, lengths: Sequence[int]) -> list[int]:
         """The keys at the ascending ``lengths`` that the prompt reaches."""
         if self.compiled:
-            return self._walked_keys(tokens, lengths).tolist()  # type: ignore[no-any-return]
+            return self._walked_keys(tokens, lengths).tolist()
         if not len(lengths):
             return []
         data = _token_bytes(tokens, lengths[-1])
         return self._streamed_keys(data, [c * _TOKEN_BYTES for c in lengths])
 
-    def _walked_keys(self, tokens: TokenIds, lengths: Sequence[int]) -> NDArray[np.uint64]:
+    def _walked_keys(self, tokens: TokenIds, lengths: Sequence[int]) -> array[int]:
         """XXH3 keys in one compiled call (little-endian hosts). A contiguous uint32
         buffer (the request path's token arrays) is read as it is; anything else is
         checked and converted first."""

@@ -1,10 +1,8 @@
 """Types of the compiled XXH3 digests (xxh3.pyx); the docstrings are there."""
 
+from array import array
 from collections.abc import Iterable
-
-import numpy as np
-from numpy.typing import NDArray
 
 __all__ = ["digests_at"]
 
-def digests_at(head: bytes, body: object, ends: Iterable[int], mask: int) -> NDArray[np.uint64]: ...
+def digests_at(head: bytes, body: object, ends: Iterable[int], mask: int) -> array[int]: ...

@@ -11,9 +11,11 @@ every shard in this process; it and the shared-memory reader are the two
 
 from __future__ import annotations
 
+import bisect
 import copy
 import functools
 import operator
+from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -113,6 +115,7 @@ class QueryPlanner:
                 for region, lengths in queries.items()
             ),
             tuple((region, (g, at[g])) for region, g in guards.items()),
+            chained,
         )
 
     def for_namespace(self, namespace: Namespace) -> QueryPlanner:
@@ -141,38 +144,36 @@ def _guard_length(registered: Sequence[int], queried: Sequence[int]) -> int:
 
 
 class _Shape:
-    """Per target region of a planner, its query lengths and guard length, and where
-    their keys sit in the planner's key list. Equal for equal plans, so that a reader
-    keeps one set of probe rows per plan (:class:`MatchProbes`), whichever of its
-    planners asks."""
+    """Per target region of a planner, its query lengths and guard length, where their
+    keys sit in the planner's key list, and whether the query is chained. One object per
+    plan (:func:`_shape`), shared by the plan's planners (one per namespace), so that a
+    reader keeps one set of probe rows per plan (:class:`MatchProbes`) and finds them by
+    identity, whichever of the planners asks."""
 
-    __slots__ = ("_hash", "_key", "guards", "regions")
+    __slots__ = ("chained", "guards", "lengths", "positions", "regions")
 
     def __init__(
         self,
         regions: tuple[tuple[str, tuple[tuple[int, int], ...]], ...],
         guards: tuple[tuple[str, tuple[int, int]], ...],
+        chained: bool,
     ) -> None:
         self.regions = dict(regions)
         self.guards = dict(guards)
-        self._key = (regions, guards)
-        self._hash = hash(self._key)
-
-    def __eq__(self, other: object) -> bool:
-        return self is other or (isinstance(other, _Shape) and self._key == other._key)
-
-    def __hash__(self) -> int:
-        return self._hash
+        self.chained = chained
+        # Per region, its lengths and their key positions (ascending) apart.
+        self.lengths = {region: tuple(c for c, _ in pairs) for region, pairs in regions}
+        self.positions = {region: tuple(i for _, i in pairs) for region, pairs in regions}
 
 
 @functools.lru_cache(maxsize=256)
 def _shape(
     regions: tuple[tuple[str, tuple[tuple[int, int], ...]], ...],
     guards: tuple[tuple[str, tuple[int, int]], ...],
+    chained: bool,
 ) -> _Shape:
-    """One shape object per plan, shared by its planners (one per namespace): a reader
-    then finds the plan's rows by identity, not by comparing every length."""
-    return _Shape(regions, guards)
+    """The one shape object of a plan."""
+    return _Shape(regions, guards, chained)
 
 
 class _PlannedRegions(Mapping[str, list[tuple[int, int]]]):
@@ -181,7 +182,7 @@ class _PlannedRegions(Mapping[str, list[tuple[int, int]]]):
 
     __slots__ = ("_key_list", "key_array", "shape")
 
-    def __init__(self, shape: _Shape, key_array: NDArray[np.uint64]) -> None:
+    def __init__(self, shape: _Shape, key_array: array[int]) -> None:
         self.shape = shape
         self.key_array = key_array  # at the first len(key_array) of the planner's lengths
         self._key_list: list[int] | None = None
@@ -190,8 +191,11 @@ class _PlannedRegions(Mapping[str, list[tuple[int, int]]]):
         keys = self._key_list
         if keys is None:
             keys = self._key_list = self.key_array.tolist()
-        n = len(keys)
-        return [(c, keys[i]) for c, i in self.shape.regions[region] if i < n]
+        positions = self.shape.positions[region]
+        # The region's positions ascend: those the prompt reaches come first.
+        reached = bisect.bisect_left(positions, len(keys))
+        taken = map(keys.__getitem__, positions[:reached])
+        return list(zip(self.shape.lengths[region][:reached], taken, strict=True))
 
     def get(self, region: str, default: Any = None) -> Any:
         # Mapping.get goes through __getitem__ and a KeyError: the policy asks for its own
@@ -228,21 +232,21 @@ class MatchProbes:
             region: tuple(t.table_id for t in layout.tables_of(region))
             for region in dict.fromkeys(t.region for t in layout.tables)
         }
-        self._planned: dict[tuple[_Shape, bool], NDArray[np.int64]] = {}
+        self._planned: dict[_Shape, NDArray[np.int64]] = {}
 
     def rows(
         self, query: MultiLevelQuery
-    ) -> tuple[NDArray[np.uint64] | NDArray[np.int64], NDArray[np.int64]]:
-        """The query's keys (63-bit: uint64 or int64) and its probe rows."""
+    ) -> tuple[array[int] | NDArray[np.int64], NDArray[np.int64]]:
+        """The query's keys (63-bit: an ``array("Q")`` or int64) and its probe rows."""
         regions = query.per_region
         if isinstance(regions, _PlannedRegions):
             # A planner's rows cover all its lengths (the kernel skips those past the
             # prompt's keys): built once per plan, not per request.
-            planned = (regions.shape, query.chained)
-            probes = self._planned.get(planned)
+            shape = regions.shape
+            probes = self._planned.get(shape)
             if probes is None:
-                probes = self._rows(regions.shape.regions, query.chained, regions.shape.guards)
-                self._planned[planned] = probes
+                probes = self._rows(shape.regions, shape.chained, shape.guards)
+                self._planned[shape] = probes
             return regions.key_array, probes  # 63-bit: the kernel takes them as they are
         keys: list[int] = []
         indexed: dict[str, list[tuple[int, int]]] = {}

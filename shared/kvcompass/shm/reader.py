@@ -7,6 +7,7 @@ import contextlib
 import itertools
 import math
 import time
+from array import array
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Final, TypeVar
@@ -186,7 +187,7 @@ class _Attachment:
 
     def match_probes(
         self,
-        keys: NDArray[np.uint64] | NDArray[np.int64],
+        keys: array[int] | NDArray[np.int64],
         probes: NDArray[np.int64],
         workers: NDArray[np.int64],
         out: tuple[NDArray[np.int64], NDArray[np.int64]],
@@ -221,7 +222,7 @@ class _Attachment:
 
     def _stable_match(
         self,
-        keys: NDArray[np.uint64] | NDArray[np.int64],
+        keys: array[int] | NDArray[np.int64],
         probes: NDArray[np.int64],
         workers: NDArray[np.int64],
         out: tuple[NDArray[np.int64], NDArray[np.int64]],
