@@ -24,7 +24,7 @@ from libc.stdlib cimport calloc, free, realloc
 import numpy as np
 
 from kvcompass.shard_hash cimport shard_of_key
-from kvcompass.uint32_buffer cimport holds_uint32
+from kvcompass.unsigned_items cimport holds_uint32
 from kvcompass.xxh3 cimport digest_prefixes
 
 __all__ = ["ShardEventBuffers"]

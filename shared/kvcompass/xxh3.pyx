@@ -21,7 +21,7 @@ from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBuffer_Release, 
 from libc.stdint cimport uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 
-from kvcompass.uint32_buffer cimport holds_uint32
+from kvcompass.unsigned_items cimport holds_uint32
 
 from array import array
 

@@ -94,3 +94,31 @@ def test_a_refused_batch_stages_nothing(
         staged.add(table_id, field, keys, np.array(tiers, U8), np.array(counts, np.uint32))
     [(table, keys_taken, _, bits, n)] = staged.take()
     assert (table, read(keys_taken, n), read(bits, n)) == (0, [9], [2 << 2])
+
+
+@pytest.mark.parametrize(
+    ("column", "bad", "message"),
+    [
+        (0, np.array([5, 6], dtype=np.int64), "keys: expected"),
+        (0, np.array([5, 7, 6, 7], dtype=np.uint64)[::2], "contiguous"),
+        (1, np.array([1], dtype=np.uint16), "tiers: expected"),
+        (2, np.array([2], dtype=np.uint64), "counts: expected"),
+    ],
+)
+def test_a_column_of_the_wrong_type_or_layout_is_refused_and_stages_nothing(
+    column: int, bad: np.ndarray, message: str
+) -> None:
+    staged = StagedWrites(4, 1, 0)
+    staged.add(0, 1, *columns([(2, [9])]))
+    good: list[np.ndarray] = [
+        np.array([5, 6], dtype=np.uint64),
+        np.array([1], U8),
+        np.array([2], np.uint32),
+    ]
+    good[column] = bad
+    with pytest.raises((ValueError, BufferError), match=message):
+        staged.add(0, 0, *good)
+    with pytest.raises((ValueError, BufferError), match=message if column == 0 else "keys"):
+        staged.first_foreign(bad if column == 0 else np.array([1.5]))
+    [(table, keys_taken, _, bits, n)] = staged.take()
+    assert (table, read(keys_taken, n), read(bits, n)) == (0, [9], [2 << 2])

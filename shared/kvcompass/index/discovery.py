@@ -11,7 +11,6 @@ every shard in this process; it and the shared-memory reader are the two
 
 from __future__ import annotations
 
-import bisect
 import copy
 import functools
 import operator
@@ -150,7 +149,7 @@ class _Shape:
     reader keeps one set of probe rows per plan (:class:`MatchProbes`) and finds them by
     identity, whichever of the planners asks."""
 
-    __slots__ = ("chained", "guards", "lengths", "positions", "regions")
+    __slots__ = ("chained", "guards", "regions")
 
     def __init__(
         self,
@@ -161,9 +160,6 @@ class _Shape:
         self.regions = dict(regions)
         self.guards = dict(guards)
         self.chained = chained
-        # Per region, its lengths and their key positions (ascending) apart.
-        self.lengths = {region: tuple(c for c, _ in pairs) for region, pairs in regions}
-        self.positions = {region: tuple(i for _, i in pairs) for region, pairs in regions}
 
 
 @functools.lru_cache(maxsize=256)
@@ -191,11 +187,8 @@ class _PlannedRegions(Mapping[str, list[tuple[int, int]]]):
         keys = self._key_list
         if keys is None:
             keys = self._key_list = self.key_array.tolist()
-        positions = self.shape.positions[region]
-        # The region's positions ascend: those the prompt reaches come first.
-        reached = bisect.bisect_left(positions, len(keys))
-        taken = map(keys.__getitem__, positions[:reached])
-        return list(zip(self.shape.lengths[region][:reached], taken, strict=True))
+        n = len(keys)
+        return [(c, keys[i]) for c, i in self.shape.regions[region] if i < n]
 
     def get(self, region: str, default: Any = None) -> Any:
         # Mapping.get goes through __getitem__ and a KeyError: the policy asks for its own

@@ -131,9 +131,11 @@ class LudoTable:
         self._dirty_words = self._othello.arrays.state.data
         # Valid while self._t and self._othello keep their arrays (until the next reset).
         self._write_desc = kernel.write_descriptor(self._t, self._othello.arrays)
-        # Where a patch's cell and fingerprint rows come from (kvcompass.index.patch_copy).
+        # Where a patch's dirty marks, cell and fingerprint rows come from, by address
+        # (kvcompass.index.patch_copy).
         cells = self._t.cells
         self._patch_source = (
+            address_of(self._write_desc),
             address_of(cells),
             cells.itemsize,
             cells.dtype,
@@ -498,14 +500,14 @@ class LudoTable:
         if self._othello_reset:
             reset = OthelloReset(g.othello_seed, othello.words.tobytes())
             self._othello_reset = False
-        buckets, words = take_dirty(self._write_desc, *self._patch_source, reset is None)
+        buckets, words = take_dirty(*self._patch_source, reset is None)
         return _build_patch(
             g.generation, buckets, _NO_WORDS if words is None else words, reset, None
         )
 
     def _forget_dirty(self) -> None:
         """Clear the dirty buckets and words: a reload carries the whole table."""
-        take_dirty(self._write_desc, *self._patch_source, False)
+        take_dirty(*self._patch_source, False)
 
     # -- images and snapshots ---------------------------------------------------------
 

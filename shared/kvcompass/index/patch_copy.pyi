@@ -3,7 +3,6 @@
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
 from kvcompass.index.patches import BucketImages, WordImages
 
@@ -12,7 +11,7 @@ __all__ = ["DESCRIPTOR_ROWS", "apply_images", "take_dirty"]
 DESCRIPTOR_ROWS: dict[str, int]
 
 def take_dirty(
-    desc: NDArray[np.uint64],
+    descriptor: int,
     cells: int,
     cell_size: int,
     cell_dtype: np.dtype[Any],

@@ -58,11 +58,11 @@ DESCRIPTOR_ROWS = {
 }
 
 
-cdef inline char* _at(const uint64_t[::1] desc, int row) noexcept:
+cdef inline char* _at(const uint64_t* desc, int row) noexcept:
     return <char*><uintptr_t>desc[2 * row]
 
 
-cdef inline Py_ssize_t _size(const uint64_t[::1] desc, int row) noexcept:
+cdef inline Py_ssize_t _size(const uint64_t* desc, int row) noexcept:
     return <Py_ssize_t>desc[2 * row + 1]
 
 
@@ -74,7 +74,7 @@ cdef object _new(Py_ssize_t nbytes, char** data):
 
 
 def take_dirty(
-    const uint64_t[::1] desc,
+    uintptr_t descriptor,
     uintptr_t cells,
     Py_ssize_t cell_size,
     object cell_dtype,
@@ -85,8 +85,9 @@ def take_dirty(
 ):
     """Take a table's dirty buckets and words, clearing their marks.
 
-    ``desc``: the table's write descriptor; ``cells`` and ``fps``: the addresses of its
-    cells and fingerprints (``fp_size`` 0: none in the view), ``cell_size`` and
+    ``descriptor``, ``cells`` and ``fps``: the addresses of the table's write descriptor
+    (a uint64 array), its cells and fingerprints (``fp_size`` 0: none in the view); the
+    caller keeps them alive and in place during the call. ``cell_size`` and
     ``fp_size`` their item sizes, ``cell_dtype`` and ``fp_dtype`` their dtypes.
     ``words`` False: the dirty words are dropped (an Othello reset carries them all).
 
@@ -95,6 +96,7 @@ def take_dirty(
     :class:`WordImages` of the dirty words in the same order; None for either when
     nothing of it is dirty (or the words are dropped).
     """
+    cdef const uint64_t* desc = <const uint64_t*>descriptor
     cdef int64_t* state = <int64_t*>_at(desc, _STATE)
     cdef int64_t* dirty = <int64_t*>_at(desc, _DIRTY_BUCKETS)
     cdef uint8_t* marks = <uint8_t*>_at(desc, _BUCKET_DIRTY)

@@ -11,12 +11,14 @@ masks to the table's columns in C, where numpy built two filled arrays per batch
 concatenated them per table; the shard check of a batch's keys runs here too.
 """
 
+from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free
 
 import numpy as np
 
 from kvcompass.shard_hash cimport shard_of_key
+from kvcompass.unsigned_items cimport holds_unsigned
 
 __all__ = ["StagedWrites"]
 
@@ -59,26 +61,50 @@ cdef class StagedWrites:
         free(self._capacity)
         free(self._order)
 
-    def first_foreign(self, const uint64_t[:] keys):
-        """Index of the first of ``keys`` not of this shard (:func:`kvcompass.keys.shard_of`),
-        -1 if every key is: the one check of every batch a shard's writer accepts."""
+    def first_foreign(self, keys):
+        """Index of the first of ``keys`` (C-contiguous uint64) not of this shard
+        (:func:`kvcompass.keys.shard_of`), -1 if every key is: the one check of every
+        batch a shard's writer accepts."""
+        cdef Py_buffer view
+        cdef const uint64_t* at
         cdef Py_ssize_t j
-        for j in range(keys.shape[0]):
-            if shard_of_key(keys[j], self._n_shards) != self._shard:
-                return j
-        return -1
+        _borrow(keys, &view, 8, "keys")
+        try:
+            at = <const uint64_t*>view.buf
+            for j in range(view.len // 8):
+                if shard_of_key(at[j], self._n_shards) != self._shard:
+                    return j
+            return -1
+        finally:
+            PyBuffer_Release(&view)
 
-    def add(
-        self,
-        Py_ssize_t table_id,
-        int field,
-        const uint64_t[:] keys,
-        const uint8_t[:] tiers,
-        const uint32_t[:] counts,
-    ):
+    def add(self, Py_ssize_t table_id, int field, keys, tiers, counts):
         """Stage a checked batch's keys for ``table_id``, the worker's ``field`` there:
-        ``counts[i]`` consecutive keys take ``tiers[i]`` (the batch's columns)."""
-        cdef Py_ssize_t n = keys.shape[0]
+        ``counts[i]`` consecutive keys take ``tiers[i]`` (the batch's columns: C-contiguous
+        uint64, uint8 and uint32)."""
+        cdef Py_buffer views[3]
+        cdef int held = 0
+        try:
+            _borrow(keys, &views[0], 8, "keys")
+            held = 1
+            _borrow(tiers, &views[1], 1, "tiers")
+            held = 2
+            _borrow(counts, &views[2], 4, "counts")
+            held = 3
+            self._add(
+                table_id, field, <const uint64_t*>views[0].buf, views[0].len // 8,
+                <const uint8_t*>views[1].buf, <const uint32_t*>views[2].buf,
+                views[1].len, views[2].len // 4,
+            )
+        finally:
+            while held:
+                held -= 1
+                PyBuffer_Release(&views[held])
+
+    cdef int _add(
+        self, Py_ssize_t table_id, int field, const uint64_t* keys, Py_ssize_t n,
+        const uint8_t* tiers, const uint32_t* counts, Py_ssize_t n_tiers, Py_ssize_t n_counts,
+    ) except -1:
         cdef Py_ssize_t size, i, j = 0, end
         cdef uint64_t* staged_keys
         cdef uint64_t* staged_clear
@@ -90,16 +116,16 @@ cdef class StagedWrites:
             raise ValueError(f"no table {table_id}")
         if not 0 <= shift <= 62:
             raise ValueError(f"no field {field} in a 64-bit value")
-        if tiers.shape[0] != counts.shape[0]:
-            raise ValueError(f"{tiers.shape[0]} tiers but {counts.shape[0]} key counts")
-        for i in range(tiers.shape[0]):
+        if n_tiers != n_counts:
+            raise ValueError(f"{n_tiers} tiers but {n_counts} key counts")
+        for i in range(n_tiers):
             if tiers[i] > 3:
                 raise ValueError(f"tier {tiers[i]} does not fit a 2-bit field")
             j += counts[i]
         if j != n:
             raise ValueError(f"key counts add up to {j}, but there are {n} keys")
         if n == 0:
-            return
+            return 0
         self._reserve(table_id, n)
         size = self._sizes[table_id]
         if size == 0:
@@ -109,7 +135,7 @@ cdef class StagedWrites:
         staged_clear = self._columns[3 * table_id + 1] + size
         staged_bits = self._columns[3 * table_id + 2] + size
         j = 0
-        for i in range(tiers.shape[0]):
+        for i in range(n_tiers):
             bits = (<uint64_t>tiers[i]) << shift
             end = j + counts[i]
             while j < end:
@@ -118,6 +144,7 @@ cdef class StagedWrites:
                 staged_bits[j] = bits
                 j += 1
         self._sizes[table_id] = size + n
+        return 0
 
     cdef int _reserve(self, Py_ssize_t table_id, Py_ssize_t more) except -1:
         cdef Py_ssize_t size = self._sizes[table_id]
@@ -159,3 +186,13 @@ cdef class StagedWrites:
             self._sizes[table_id] = 0
         self._n_order = 0
         return taken
+
+
+cdef int _borrow(object array, Py_buffer* view, Py_ssize_t size, str name) except -1:
+    """``array``'s buffer into ``view``: C-contiguous unsigned items of ``size`` bytes
+    (ValueError naming the argument otherwise, and nothing held)."""
+    PyObject_GetBuffer(array, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+    if not holds_unsigned(view, size):
+        PyBuffer_Release(view)
+        raise ValueError(f"{name}: expected C-contiguous uint{8 * size}")
+    return 0

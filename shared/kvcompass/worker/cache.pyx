@@ -40,7 +40,7 @@ from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp
 
-from kvcompass.uint32_buffer cimport holds_uint32
+from kvcompass.unsigned_items cimport holds_uint32
 
 import numpy as np
 
