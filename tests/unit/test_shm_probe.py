@@ -4,6 +4,8 @@ Python (numba's dispatcher) and from C (the entry the readers use)."""
 from __future__ import annotations
 
 import random
+import sys
+from array import array
 from collections.abc import Callable
 from typing import Any
 
@@ -66,11 +68,19 @@ def test_compiled_lookup_equals_the_view_bit_for_bit(value_bits: int, fp_bits: i
         assert any(got[len(keys) :])
 
 
-#: The kernel as numba's dispatcher runs it, and from C with either key type.
+def _match_at(desc: Any, n_tables: int, keys: Any, probes: Any, workers: Any, *out: Any) -> None:
+    """probe_call.match through a target checked first, the keys as an array("Q")."""
+    target = probe_call.MatchTarget(desc, n_tables, workers, *out)
+    probe_call.match_at(target, array("Q", keys.tolist()), probes)
+
+
+#: The kernel as numba's dispatcher runs it, and from C with either key type, with the
+#: arrays checked per call or once.
 MATCHES: list[tuple[Callable[..., None], type[np.integer[Any]]]] = [
     (probe.match_probes, np.int64),
     (probe_call.match, np.int64),
     (probe_call.match, np.uint64),
+    (_match_at, np.uint64),
 ]
 
 
@@ -109,6 +119,41 @@ def test_match_probes_decodes_like_the_python_decoder(
     assert any(want_lengths)
     if chained:  # the check bit: no chain runs through all 40 random values
         assert max(want_lengths) < 16 * len(picked)
+
+
+def test_a_match_target_keeps_its_arrays_and_refuses_keys_and_probes_it_cannot_read() -> None:
+    table, keys = _table(32, 16)
+    _buf, desc = _described(table.view_image())
+    probes = np.array([(0, 0, 16, probe.UNCHECKED), (1, 0, 32, 16)], np.int64)
+    lengths, tiers = np.zeros(16, np.int64), np.zeros(16, np.int64)
+    workers = probe.table_workers([tuple(range(16))])
+    want_lengths, want_tiers = np.zeros(16, np.int64), np.zeros(16, np.int64)
+    probe_call.match(
+        desc, 1, np.array(keys[:2], np.uint64), probes, workers, want_lengths, want_tiers,
+        np.zeros(1, np.uint8),
+    )  # fmt: skip
+    assert want_lengths.any()
+    # The target holds the only references to copies of the descriptor and workers.
+    own_desc = desc.copy()
+    before = sys.getrefcount(own_desc)
+    target = probe_call.MatchTarget(
+        own_desc, 1, workers.copy(), lengths, tiers, np.zeros(1, np.uint8)
+    )
+    assert sys.getrefcount(own_desc) == before + 1
+    del own_desc
+    for _ in range(3):
+        np.zeros_like(desc).fill(7)  # freed memory reused, if the copies were freed
+    probe_call.match_at(target, array("Q", keys[:2]), probes)
+    assert lengths.tolist() == want_lengths.tolist()
+    assert tiers.tolist() == want_tiers.tolist()
+    bad_calls: list[tuple[Any, Any, str]] = [
+        (np.zeros(2, np.uint32), probes, "keys"),
+        (array("Q", keys[:2]), np.zeros((2, 3), np.int64), "probes"),
+        (array("Q", keys[:2]), probes.astype(np.uint64), "probes"),
+    ]
+    for bad_keys, bad_probes, message in bad_calls:
+        with pytest.raises(ValueError, match=message):
+            probe_call.match_at(target, bad_keys, bad_probes)
 
 
 def test_the_c_entry_reads_rows_of_the_kernels_width() -> None:

@@ -23,7 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvcompass.errors import BadInput
-from kvcompass.frozen_init import frozen_init
+from kvcompass.frozen_init import field_builder, frozen_init
 from kvcompass.index import probe, probe_call
 from kvcompass.index.layout import IndexLayout, Tier
 from kvcompass.index.patches import TablePatch
@@ -132,7 +132,7 @@ class QueryPlanner:
 
     def query(self, tokens: TokenIds) -> MultiLevelQuery:
         regions = _PlannedRegions(self._shape, self._hasher.key_array(tokens))
-        return MultiLevelQuery(regions, self.chained)
+        return _new_query(regions, self.chained)
 
 
 def _guard_length(registered: Sequence[int], queried: Sequence[int]) -> int:
@@ -203,6 +203,11 @@ class _PlannedRegions(Mapping[str, list[tuple[int, int]]]):
 
     def __repr__(self) -> str:
         return repr(dict(self))
+
+
+# Per request, valid by construction: built without __init__ (kvcompass.frozen_init).
+_new_query = field_builder(MultiLevelQuery)
+_new_match = field_builder(Match)
 
 
 class MatchProbes:
@@ -296,10 +301,10 @@ class DiscoveryView:
         ]
         self._bindings = LudoView.bindings
         self._rows = [view.descriptor for view in self._tables]
-        self._desc = np.array(self._rows)
         self._lengths = np.zeros(layout.n_workers, np.int64)
         self._tiers = np.zeros(layout.n_workers, np.int64)
         self._touched = np.zeros(n_shards, np.uint8)
+        self._target = self._match_target(self._rows)
         probe.warm_up()
 
     @classmethod
@@ -326,17 +331,21 @@ class DiscoveryView:
             rows = [view.descriptor for view in self._tables]
             if not all(map(operator.is_, rows, self._rows)):
                 self._rows = rows
-                self._desc = np.array(rows)
-        probe_call.match(
-            self._desc,
+                self._target = self._match_target(rows)
+        probe_call.match_at(self._target, *self._probes.rows(query))
+        return _new_match(self._lengths.tolist(), self._tiers.tolist())
+
+    def _match_target(self, rows: list[NDArray[np.uint64]]) -> probe_call.MatchTarget:
+        """The match's arrays, checked once: descriptor rows (in the kernel's order), the
+        tables' workers and the outputs."""
+        return probe_call.MatchTarget(
+            np.array(rows),
             self._probes.n_tables,
-            *self._probes.rows(query),
             self._probes.workers,
             self._lengths,
             self._tiers,
             self._touched,
         )
-        return Match(self._lengths.tolist(), self._tiers.tolist())
 
     @property
     def nbytes(self) -> int:
