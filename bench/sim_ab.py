@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy
 from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,7 +99,10 @@ def build_compiled(shared: Path) -> None:
     sources = sorted(str(p.relative_to(shared)) for p in shared.rglob("*.pyx"))
     if sources:
         command = [sys.executable, "-m", "Cython.Build.Cythonize", "-i", "-q", *sources]
-        subprocess.run(command, cwd=shared, check=True, capture_output=True)
+        # numpy's headers, as setup.py adds them (kvcompass.ndarrays uses its C API).
+        flags = f"{os.environ.get('CFLAGS', '')} -I{numpy.get_include()}".strip()
+        env = {**os.environ, "CFLAGS": flags}
+        subprocess.run(command, cwd=shared, check=True, capture_output=True, env=env)
 
 
 def child(kind: str, count: int, seed: int) -> None:

@@ -17,12 +17,13 @@ publisher flushes before a batch would hold more than a message may.
 """
 
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBuffer_Release, PyObject_GetBuffer
-from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, realloc
 
 import numpy as np
 
+from kvcompass.ndarrays cimport array_over
 from kvcompass.shard_hash cimport shard_of_key
 from kvcompass.unsigned_items cimport holds_uint32
 from kvcompass.xxh3 cimport digest_prefixes
@@ -69,9 +70,10 @@ cdef int _reserve(Column* column, Py_ssize_t more, size_t itemsize) except -1:
 
 cdef object _taken(Column* column, size_t itemsize, object dtype):
     """The column as a read-only array of its own bytes; the column is emptied."""
-    cdef bytes data = PyBytes_FromStringAndSize(column.data, column.size * itemsize)
+    cdef Py_ssize_t n = column.size
+    cdef bytes data = PyBytes_FromStringAndSize(column.data, n * itemsize)
     column.size = 0
-    return np.frombuffer(data, dtype)
+    return array_over(data, PyBytes_AS_STRING(data), dtype, n, 0)
 
 
 cdef bint _valid_pair(int kind, int tier) noexcept:

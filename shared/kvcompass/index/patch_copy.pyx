@@ -19,13 +19,14 @@ from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndS
 from libc.stdint cimport int64_t, uint8_t, uint64_t, uintptr_t
 from libc.string cimport memcpy, strcmp
 
+from kvcompass.ndarrays cimport array_over
+
 import numpy as np
 
 from kvcompass.frozen_init import field_builder
 from kvcompass.index.patches import BucketImages, WordImages
 
 # Looked up once: a patch builds up to six arrays and two images per table.
-_ndarray = np.ndarray
 _INT64, _UINT8, _UINT64 = np.dtype(np.int64), np.dtype(np.uint8), np.dtype(np.uint64)
 _bucket_images = field_builder(BucketImages)
 _word_images = field_builder(WordImages)
@@ -136,12 +137,12 @@ def take_dirty(
             fps_buffer = _new(fp_row * n, &out_fps)
             for k in range(n):
                 memcpy(out_fps + k * fp_row, <char*>fps + dirty[k] * fp_row, fp_row)
-            fingerprints = _ndarray((n, 4), fp_dtype, fps_buffer)
+            fingerprints = array_over(fps_buffer, out_fps, fp_dtype, n, 4)
         state[_N_DIRTY] = 0
         bucket_images = _bucket_images(
-            _ndarray(n, _INT64, buckets_buffer),
-            _ndarray(n, _UINT8, seeds_buffer),
-            _ndarray((n, 4), cell_dtype, cells_buffer),
+            array_over(buckets_buffer, out_buckets, _INT64, n, 0),
+            array_over(seeds_buffer, out_seeds, _UINT8, n, 0),
+            array_over(cells_buffer, out_cells, cell_dtype, n, 4),
             fingerprints,
         )
     if m:
@@ -155,8 +156,8 @@ def take_dirty(
             for k in range(m):
                 (<uint64_t*>out_values)[k] = all_words[dirty_words[k]]
             word_images = _word_images(
-                _ndarray(m, _INT64, indices_buffer),
-                _ndarray(m, _UINT64, values_buffer),
+                array_over(indices_buffer, out_indices, _INT64, m, 0),
+                array_over(values_buffer, out_values, _UINT64, m, 0),
             )
     return bucket_images, word_images
 

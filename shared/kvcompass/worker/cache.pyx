@@ -40,6 +40,7 @@ from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp
 
+from kvcompass.ndarrays cimport array_over
 from kvcompass.unsigned_items cimport holds_uint32
 
 import numpy as np
@@ -1185,7 +1186,7 @@ cdef class PrefixCache:
 cdef inline object _prefix(bytes prompt, Py_ssize_t n_tokens):
     """A change's tokens: the first ``n_tokens`` of ``prompt`` as a read-only array over
     its bytes (no copy; the prompt is held by the runs anyway)."""
-    return np.frombuffer(prompt, dtype=_TOKEN, count=n_tokens)
+    return array_over(prompt, PyBytes_AS_STRING(prompt), _TOKEN, n_tokens, 0)
 
 
 cdef bint _holds_bytes(object tokens, bytes data):
