@@ -1,5 +1,11 @@
-# numpy arrays over memory a Python object owns, made through numpy's C API (ndarrays.pyx).
+# numpy arrays over memory a Python object owns, and numpy arrays' memory as buffers,
+# through numpy's C API (ndarrays.pyx).
+
+from cpython.buffer cimport Py_buffer
 
 cdef object array_over(
     object owner, const char* data, object dtype, Py_ssize_t rows, Py_ssize_t width
 )
+
+
+cdef int get_buffer(object obj, Py_buffer* view, int flags) except -1

@@ -7,16 +7,21 @@ The compiled modules hand out the columns and images they fill as numpy arrays: 
 worker's event batch has five, a table's patch four to six. ``np.frombuffer`` and
 ``np.ndarray(shape, dtype, buffer)`` parse their arguments and export the buffer, about
 0.25 µs an array; :func:`array_over` makes the same array through numpy's C API
-(``PyArray_NewFromDescr``) in about 0.08 µs. Other compiled modules cimport it
-(``ndarrays.pxd``); only this one needs numpy's headers. :func:`array_at` is the same
-from Python, by offset.
+(``PyArray_NewFromDescr``) in about 0.08 µs. The other way, the compiled modules read
+arrays through the buffer protocol, where numpy's export builds the format and shape
+each time (about 0.1 µs an array); :func:`get_buffer` fills the view from the array's
+fields. Other compiled modules cimport both (``ndarrays.pxd``); only this one needs
+numpy's headers. :func:`array_at` and :func:`buffer_fields` are the two from Python.
 """
 
 cimport numpy as cnp
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
+from cpython.buffer cimport (
+    PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+)
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.object cimport PyTypeObject
-from cpython.ref cimport Py_INCREF
+from cpython.ref cimport Py_INCREF, PyObject
 
 import numpy as np
 
@@ -24,7 +29,13 @@ cnp.import_array()
 
 cdef PyTypeObject* _NDARRAY = <PyTypeObject*>np.ndarray
 
-__all__ = ["array_at"]
+__all__ = ["array_at", "buffer_fields"]
+
+
+cdef extern from "Python.h":
+    # Py_buffer with its owner as a plain pointer, for a store that releases nothing.
+    ctypedef struct _RawBuffer "Py_buffer":
+        PyObject* obj
 
 
 cdef extern from "numpy/arrayobject.h":
@@ -82,3 +93,106 @@ def array_at(owner, Py_ssize_t offset, dtype, Py_ssize_t rows, Py_ssize_t width=
     if offset < 0:
         raise ValueError(f"offset {offset}")
     return array_over(owner, start + offset, dtype, rows, width)
+
+
+cdef int get_buffer(object obj, Py_buffer* view, int flags) except -1:
+    """``PyObject_GetBuffer(obj, view, flags)``: the same view, release it the same way.
+    An aligned C-contiguous numpy array of native integers with the strides numpy would
+    export (the batches' columns, the patches' images, the probe rows) is read from its
+    fields; anything else is asked for its buffer (including every request this does
+    not take: other flags, byte orders or layouts, whose errors are then the
+    exporter's own)."""
+    cdef cnp.ndarray array
+    cdef const char* code
+    if type(obj) is not np.ndarray or flags & ~(
+        PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE
+    ):
+        return PyObject_GetBuffer(obj, view, flags)
+    array = <cnp.ndarray>obj
+    code = _native_code(<cnp.dtype><object>cnp.PyArray_DESCR(array))
+    if (
+        code == NULL
+        or not cnp.PyArray_ISALIGNED(array)  # numpy exports "=L" then
+        or not _canonical(array)
+        or (flags & PyBUF_WRITABLE and not cnp.PyArray_ISWRITEABLE(array))
+    ):
+        return PyObject_GetBuffer(obj, view, flags)
+    view.buf = cnp.PyArray_DATA(array)
+    # A raw store: the view's fields are uninitialised (an object assignment would
+    # release whatever the field held), and the view owns one reference, as
+    # PyBuffer_Release expects.
+    (<_RawBuffer*>view).obj = <PyObject*>obj
+    Py_INCREF(obj)
+    view.len = cnp.PyArray_NBYTES(array)
+    view.itemsize = cnp.PyArray_ITEMSIZE(array)
+    view.readonly = not cnp.PyArray_ISWRITEABLE(array)
+    view.ndim = cnp.PyArray_NDIM(array)
+    view.format = <char*>code if flags & PyBUF_FORMAT else NULL
+    view.shape = <Py_ssize_t*>cnp.PyArray_DIMS(array)
+    view.strides = <Py_ssize_t*>cnp.PyArray_STRIDES(array)
+    view.suboffsets = NULL
+    view.internal = NULL
+    return 0
+
+
+cdef bint _canonical(cnp.ndarray array) noexcept:
+    """Whether the array's strides are those of a C-contiguous layout, which numpy's
+    export gives (it rewrites the strides of empty or length-1 axes)."""
+    cdef int k
+    cdef cnp.npy_intp step = cnp.PyArray_ITEMSIZE(array)
+    cdef cnp.npy_intp* dims = cnp.PyArray_DIMS(array)
+    cdef cnp.npy_intp* strides = cnp.PyArray_STRIDES(array)
+    for k in range(cnp.PyArray_NDIM(array) - 1, -1, -1):
+        if strides[k] != step:
+            return False
+        step *= dims[k]
+    return True
+
+
+cdef const char* _native_code(cnp.dtype descr) noexcept:
+    """The buffer format numpy exports for a native-order integer dtype (NULL: another
+    dtype)."""
+    if descr.byteorder != b"=" and descr.byteorder != b"|":
+        return NULL
+    if descr.type == b"b":
+        return "b"
+    if descr.type == b"B":
+        return "B"
+    if descr.type == b"h":
+        return "h"
+    if descr.type == b"H":
+        return "H"
+    if descr.type == b"i":
+        return "i"
+    if descr.type == b"I":
+        return "I"
+    if descr.type == b"l":
+        return "l"
+    if descr.type == b"L":
+        return "L"
+    if descr.type == b"q":
+        return "q"
+    if descr.type == b"Q":
+        return "Q"
+    return NULL
+
+
+def buffer_fields(obj, bint writable=False):
+    """What :func:`get_buffer` gives for ``obj`` (C-contiguous, with its format):
+    ``(len, itemsize, format, readonly, ndim, shape, strides, obj is the owner)``."""
+    cdef Py_buffer view
+    cdef int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (PyBUF_WRITABLE if writable else 0)
+    get_buffer(obj, &view, flags)
+    try:
+        return (
+            view.len,
+            view.itemsize,
+            (<bytes>view.format).decode(),
+            bool(view.readonly),
+            view.ndim,
+            tuple(view.shape[i] for i in range(view.ndim)),
+            tuple(view.strides[i] for i in range(view.ndim)),
+            (<object>(<_RawBuffer*>&view).obj) is obj,
+        )
+    finally:
+        PyBuffer_Release(&view)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kvcompass.event_buffers import ShardEventBuffers
-from kvcompass.ndarrays import array_at
+from kvcompass.ndarrays import array_at, buffer_fields
 
 
 def flags(array: np.ndarray[Any, Any]) -> tuple[bool, ...]:
@@ -77,3 +77,48 @@ def test_a_publishers_columns_are_read_only_arrays_over_their_own_bytes() -> Non
         assert not column.flags.writeable
         assert column.flags.c_contiguous
     assert keys.tolist() == [5, 7]
+
+
+def exported(obj: Any, writable: bool = False) -> tuple[Any, ...]:
+    """The same fields from the exporter's own buffer (memoryview asks for all of it)."""
+    view = memoryview(obj)
+    if writable and view.readonly:
+        raise ValueError("read-only")
+    return (
+        view.nbytes, view.itemsize, view.format, view.readonly, view.ndim,
+        view.shape, view.strides, view.obj is obj,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        np.arange(5, dtype=np.uint64),
+        np.arange(6, dtype=np.int64).reshape(3, 2),
+        np.arange(4, dtype=np.uint8),
+        np.arange(8, dtype="<u4").reshape(2, 4),
+        np.arange(3, dtype=np.uint16),
+        np.frombuffer(b"\0" + bytes(16), np.uint64, offset=1),  # unaligned, read-only
+        np.zeros(0, np.int64),
+        np.arange(4, dtype=">u8"),  # not native: the exporter's own buffer
+        np.arange(4, dtype=np.float64),
+        array_at(bytes(32), 0, np.dtype("<u8"), 4),
+    ],
+)
+def test_a_numpy_arrays_buffer_read_from_its_fields_is_the_one_it_exports(obj: Any) -> None:
+    before = sys.getrefcount(obj)
+    assert buffer_fields(obj) == exported(obj)
+    assert sys.getrefcount(obj) == before  # the view's reference was released
+    if obj.flags.writeable:
+        assert buffer_fields(obj, writable=True) == exported(obj, writable=True)
+
+
+def test_what_the_fields_cannot_give_is_refused_as_the_exporter_refuses_it() -> None:
+    strided = np.arange(8, dtype=np.uint64)[::2]
+    with pytest.raises(ValueError, match="contiguous"):
+        buffer_fields(strided)
+    frozen = np.arange(4, dtype=np.uint64)
+    frozen.setflags(write=False)
+    with pytest.raises(ValueError, match="read-only"):
+        buffer_fields(frozen, writable=True)
+    assert buffer_fields(b"abcd")[:3] == (4, 1, "B")  # not numpy: its own export

@@ -14,12 +14,12 @@ table's arrays through its write descriptor, the view's through the addresses of
 image, which the caller keeps alive and in place while it calls.
 """
 
-from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBuffer_Release
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
 from libc.stdint cimport int64_t, uint8_t, uint64_t, uintptr_t
 from libc.string cimport memcpy, strcmp
 
-from kvcompass.ndarrays cimport array_over
+from kvcompass.ndarrays cimport array_over, get_buffer
 
 import numpy as np
 
@@ -213,7 +213,7 @@ def apply_images(tuple target, object images, object words):
             array = arrays[k]
             if array is not None:
                 try:
-                    PyObject_GetBuffer(array, &views[k], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+                    get_buffer(array, &views[k], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
                 except (BufferError, TypeError, ValueError):
                     return False  # not one contiguous buffer: numpy scatters it
                 held[k] = True

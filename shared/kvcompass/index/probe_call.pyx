@@ -13,8 +13,10 @@ kernel, or loads it from numba's cache).
 """
 
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE
-from cpython.buffer cimport PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport PyBuffer_Release
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
+
+from kvcompass.ndarrays cimport get_buffer
 
 __all__ = ["N_COLUMNS", "MatchTarget", "match", "match_at"]
 
@@ -73,7 +75,7 @@ cdef class MatchTarget:
                 flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT
                 if k >= _LENGTHS:
                     flags |= PyBUF_WRITABLE
-                PyObject_GetBuffer(arrays[k], &views[k], flags)
+                get_buffer(arrays[k], &views[k], flags)
                 held[k] = True
             n_rows = views[_DESC].len // (8 * _N_COLUMNS)
             n_workers = views[_LENGTHS].len // 8
@@ -119,9 +121,9 @@ def match_at(MatchTarget target, keys, probes):
     ``probes`` int64 rows of 4, both C-contiguous (ValueError naming the first that is
     not). The target's arrays must keep their memory (none may be resized)."""
     cdef Py_buffer key_view, probe_view
-    PyObject_GetBuffer(keys, &key_view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+    get_buffer(keys, &key_view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
     try:
-        PyObject_GetBuffer(probes, &probe_view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+        get_buffer(probes, &probe_view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
         try:
             if not _is_8_bytes(&key_view, b"lqLQ"):
                 raise ValueError("keys: expected 8-byte integers")

@@ -11,12 +11,13 @@ masks to the table's columns in C, where numpy built two filled arrays per batch
 concatenated them per table; the shard check of a batch's keys runs here too.
 """
 
-from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBuffer_Release
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free
 
 import numpy as np
 
+from kvcompass.ndarrays cimport get_buffer
 from kvcompass.shard_hash cimport shard_of_key
 from kvcompass.unsigned_items cimport holds_unsigned
 
@@ -191,7 +192,7 @@ cdef class StagedWrites:
 cdef int _borrow(object array, Py_buffer* view, Py_ssize_t size, str name) except -1:
     """``array``'s buffer into ``view``: C-contiguous unsigned items of ``size`` bytes
     (ValueError naming the argument otherwise, and nothing held)."""
-    PyObject_GetBuffer(array, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+    get_buffer(array, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
     if not holds_unsigned(view, size):
         PyBuffer_Release(view)
         raise ValueError(f"{name}: expected C-contiguous uint{8 * size}")
