@@ -94,7 +94,11 @@ class ShardWriter:
         self.owner = owner
         self.layout = IndexLayout.from_topology(topology)
         self.topology_digest = self.layout.digest()
-        self._workers = {w.id: (w.index, w.region) for w in topology.workers}
+        # Per worker id: its global index, region, and its table and field there (one
+        # lookup per batch: the writer's state is cold between a unit's reads).
+        self._workers = {
+            w.id: (w.index, w.region, *self.layout.slots[w.index]) for w in topology.workers
+        }
         self._clock = clock
         self._max_seq_jump = max_seq_jump
         self._initial_capacity = initial_capacity
@@ -306,7 +310,7 @@ class ShardWriter:
         known = self._workers.get(batch.worker_id)
         if known is None:
             raise BadEvent(f"unknown worker {batch.worker_id!r}")
-        index, region = known
+        _, region, table_id, field = known
         if batch.region != region:
             raise BadEvent(f"worker {batch.worker_id!r} is in {region!r}, not {batch.region!r}")
         # A batch's tiers already match its kinds (KVEventBatch refuses anything else).
@@ -318,7 +322,7 @@ class ShardWriter:
                 f"events[{batch.event_of_key(j)}]: key {int(keys[j])} "
                 f"(length {int(batch.length_array[j])}) belongs to shard {owner}"
             )
-        return self.layout.slots[index]
+        return table_id, field
 
     def _check_usable(self) -> None:
         if self._broken is not None:
