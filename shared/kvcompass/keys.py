@@ -21,13 +21,10 @@ from __future__ import annotations
 
 import hashlib
 import operator
-import struct
 import sys
 from array import array
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from enum import StrEnum
-from functools import cached_property
 from typing import Any, Final, cast
 
 import numba
@@ -37,6 +34,7 @@ from numpy.typing import NDArray
 
 from kvcompass import xxh3
 from kvcompass.hashing import MASK63, MASK64, mix64, mix64_compiled
+from kvcompass.namespace import Namespace
 
 __all__ = [
     "DEFAULT_KEY_HASH",
@@ -45,6 +43,7 @@ __all__ = [
     "Namespace",
     "PrefixHasher",
     "TokenIds",
+    "key_format_tag",
     "prefix_key",
     "prefix_keys",
     "shard_of",
@@ -99,51 +98,10 @@ _STREAMS: Final[dict[KeyHash, tuple[Callable[[bytes], Any], Callable[[Any], int]
 }
 
 
-@dataclass(frozen=True)
-class Namespace:
-    """Whose caches may match: one model identity and one sharing group (tenant)."""
-
-    model: str
-    group: str = "default"
-
-    def __post_init__(self) -> None:
-        if not self.model or not self.group:
-            raise ValueError("Namespace model and group must be non-empty strings")
-
-    # Namespaces key the per-tenant hashers, planners and caches, several lookups per
-    # request: the hash is computed once, not as a new tuple's at every lookup. String
-    # hashes differ between processes, so a copy or pickle builds it afresh.
-    def __hash__(self) -> int:
-        return self._hash
-
-    @cached_property
-    def _hash(self) -> int:
-        return hash((self.model, self.group))
-
-    def __reduce__(self) -> tuple[type[Namespace], tuple[str, str]]:
-        return Namespace, (self.model, self.group)
-
-    @cached_property
-    def _body(self) -> bytes:
-        model, group = self.model.encode(), self.group.encode()
-        return _u32(len(model)) + model + _u32(len(group)) + group
-
-    def key_prefix(self, key_hash: KeyHash) -> bytes:
-        """The hash's format tag, then length-prefixed UTF-8 model and group.
-
-        Length prefixes make the encoding injective (``("ab", "c")`` and ``("a", "bc")``
-        differ), so keys from different namespaces are different digests.
-        """
-        return _KEY_FORMAT_TAGS[KeyHash(key_hash)] + self._body
-
-    @property
-    def prefix(self) -> bytes:
-        """The SHA-256 key prefix (the paper's encoding)."""
-        return self.key_prefix(KeyHash.SHA256)
-
-
-def _u32(n: int) -> bytes:
-    return struct.pack("<I", n)
+def key_format_tag(key_hash: KeyHash | str) -> bytes:
+    """The tag that starts every key prefix of ``key_hash`` (:meth:`Namespace.key_prefix`):
+    keys of the two hashes never share a digest input."""
+    return _KEY_FORMAT_TAGS[KeyHash(key_hash)]
 
 
 def _token_bytes(tokens: TokenIds, limit: int) -> bytes | memoryview:

@@ -20,7 +20,7 @@ from cpython.buffer cimport (
     PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 )
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
-from cpython.object cimport PyTypeObject
+from cpython.object cimport Py_TYPE, PyTypeObject
 from cpython.ref cimport Py_INCREF, PyObject
 
 import numpy as np
@@ -104,7 +104,7 @@ cdef int get_buffer(object obj, Py_buffer* view, int flags) except -1:
     exporter's own)."""
     cdef cnp.ndarray array
     cdef const char* code
-    if type(obj) is not np.ndarray or flags & ~(
+    if Py_TYPE(obj) is not _NDARRAY or flags & ~(
         PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE
     ):
         return PyObject_GetBuffer(obj, view, flags)

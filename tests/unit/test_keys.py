@@ -202,7 +202,27 @@ def test_namespace_hashes_by_value_and_a_pickle_hashes_afresh() -> None:
     hash(ns)
     copy = pickle.loads(pickle.dumps(ns))
     assert copy == ns
-    assert "_hash" not in vars(copy)  # computed in the process that reads it
+    assert hash(copy) == hash(ns)
+    # Only the strings travel: the hash is computed in the process that reads them.
+    assert ns.__reduce__() == (Namespace, ("llama", "tenant-7"))
+
+
+def test_a_namespace_is_an_immutable_value() -> None:
+    ns = Namespace("llama", "tenant-7")
+    assert repr(ns) == "Namespace(model='llama', group='tenant-7')"
+    assert Namespace("llama").group == "default"
+    assert ns != ("llama", "tenant-7")  # equal hashes, but not a namespace
+    assert ns != Namespace("llama", "tenant-8")
+    assert len({ns, Namespace("llama", "tenant-7"), Namespace("llama")}) == 2
+    with pytest.raises(AttributeError):
+        ns.model = "qwen"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        ns.__init__("qwen", "x")  # type: ignore[misc]
+    assert (ns.model, ns.group) == ("llama", "tenant-7")
+    with pytest.raises(TypeError):
+        Namespace(5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        Namespace(None)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("dtype", ["<u4", ">u4", "int64", "uint16", "int32", "uint64"])

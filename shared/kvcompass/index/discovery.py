@@ -176,17 +176,14 @@ class _PlannedRegions(Mapping[str, list[tuple[int, int]]]):
     """A planner's ``per_region``, each region's pairs built when asked for: the readers
     take the key array as it is, and the policy reads one region, if any."""
 
-    __slots__ = ("_key_list", "key_array", "shape")
+    __slots__ = ("key_array", "shape")
 
     def __init__(self, shape: _Shape, key_array: array[int]) -> None:
         self.shape = shape
         self.key_array = key_array  # at the first len(key_array) of the planner's lengths
-        self._key_list: list[int] | None = None
 
     def __getitem__(self, region: str) -> list[tuple[int, int]]:
-        keys = self._key_list
-        if keys is None:
-            keys = self._key_list = self.key_array.tolist()
+        keys = self.key_array  # indexed as it is: a region names a few of its keys
         n = len(keys)
         return [(c, keys[i]) for c, i in self.shape.regions[region] if i < n]
 
