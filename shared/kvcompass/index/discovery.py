@@ -27,6 +27,7 @@ from kvcompass.frozen_init import field_builder, frozen_init
 from kvcompass.index import probe, probe_call
 from kvcompass.index.layout import IndexLayout, Tier
 from kvcompass.index.patches import TablePatch
+from kvcompass.index.region_pairs import region_pairs
 from kvcompass.index.view import LudoView
 from kvcompass.keys import Namespace, PrefixHasher, TokenIds
 from kvcompass.levels import LevelPlan
@@ -183,9 +184,7 @@ class _PlannedRegions(Mapping[str, list[tuple[int, int]]]):
         self.key_array = key_array  # at the first len(key_array) of the planner's lengths
 
     def __getitem__(self, region: str) -> list[tuple[int, int]]:
-        keys = self.key_array  # indexed as it is: a region names a few of its keys
-        n = len(keys)
-        return [(c, keys[i]) for c, i in self.shape.regions[region] if i < n]
+        return region_pairs(self.shape.regions[region], self.key_array)
 
     def get(self, region: str, default: Any = None) -> Any:
         # Mapping.get goes through __getitem__ and a KeyError: the policy asks for its own
