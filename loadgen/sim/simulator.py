@@ -107,7 +107,8 @@ class Simulation:
             r: QueueReporter(r, regions, self.clock, config.routing.broadcast_period_s)
             for r in regions
         }
-        self._one_way = {(a, b): topology.wan_ms(a, b) for a in regions for b in regions}
+        # Per origin, per destination (no pair tuple to build and hash per crossing).
+        self._one_way = {a: {b: topology.wan_ms(a, b) for b in regions} for a in regions}
         self._region_of = [w.region for w in topology.workers]
         self._jitter = config.jitter_pct / 100.0
         self._namespaces: dict[str, Namespace] = {}
@@ -163,7 +164,7 @@ class Simulation:
 
     def _wan(self, a: str, b: str) -> float:
         """One crossing from region a to b (ms), with the configured jitter."""
-        base = self._one_way[(a, b)]
+        base = self._one_way[a][b]
         if self._jitter:
             return base * (1.0 + self._jitter * (2.0 * self._rng.random() - 1.0))
         return base
