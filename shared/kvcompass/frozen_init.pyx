@@ -80,6 +80,10 @@ cdef class _SlotWriter:
         return 0
 
 
+#: ``object.__new__``, looked up once: each lookup made a bound method to call and free.
+cdef object _new_object = object.__new__
+
+
 cdef class SlotBuilder:
     """``SlotBuilder(cls, names)(*values)``: a new ``cls`` whose slots ``names`` hold
     ``values``, in order, built without ``cls.__init__`` (nor ``__post_init__``). For
@@ -94,7 +98,7 @@ cdef class SlotBuilder:
         self.cls = cls
 
     def __call__(self, *values):
-        obj = object.__new__(self.cls)
+        obj = _new_object(self.cls)
         self.writer.store(obj, values)
         return obj
 
