@@ -22,12 +22,16 @@ from cpython.buffer cimport (
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.object cimport Py_TYPE, PyTypeObject
 from cpython.ref cimport Py_INCREF, PyObject
+from libc.string cimport strchr
 
 import numpy as np
 
 cnp.import_array()
 
 cdef PyTypeObject* _NDARRAY = <PyTypeObject*>np.ndarray
+#: numpy's integer type characters, and each as a NUL-terminated buffer format.
+cdef const char* _INTEGER_CODES = b"bBhHiIlLqQ"
+cdef const char* _INTEGER_FORMATS = b"b\0B\0h\0H\0i\0I\0l\0L\0q\0Q\0"
 
 __all__ = ["array_at", "buffer_fields"]
 
@@ -151,30 +155,14 @@ cdef bint _canonical(cnp.ndarray array) noexcept:
 
 cdef const char* _native_code(cnp.dtype descr) noexcept:
     """The buffer format numpy exports for a native-order integer dtype (NULL: another
-    dtype)."""
+    dtype): its type character, from a table of NUL-terminated one-character codes."""
+    cdef const char* found
     if descr.byteorder != b"=" and descr.byteorder != b"|":
         return NULL
-    if descr.type == b"b":
-        return "b"
-    if descr.type == b"B":
-        return "B"
-    if descr.type == b"h":
-        return "h"
-    if descr.type == b"H":
-        return "H"
-    if descr.type == b"i":
-        return "i"
-    if descr.type == b"I":
-        return "I"
-    if descr.type == b"l":
-        return "l"
-    if descr.type == b"L":
-        return "L"
-    if descr.type == b"q":
-        return "q"
-    if descr.type == b"Q":
-        return "Q"
-    return NULL
+    found = strchr(_INTEGER_CODES, descr.type)
+    if descr.type == 0 or found == NULL:
+        return NULL
+    return _INTEGER_FORMATS + 2 * (found - _INTEGER_CODES)
 
 
 def buffer_fields(obj, bint writable=False):

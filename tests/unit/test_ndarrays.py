@@ -98,6 +98,8 @@ def exported(obj: Any, writable: bool = False) -> tuple[Any, ...]:
         np.arange(4, dtype=np.uint8),
         np.arange(8, dtype="<u4").reshape(2, 4),
         np.arange(3, dtype=np.uint16),
+        *(np.arange(3, dtype=t) for t in (np.int8, np.int16, np.int32, np.uint32)),
+        *(np.arange(3, dtype=t) for t in (np.longlong, np.ulonglong)),  # "q", "Q"
         np.frombuffer(b"\0" + bytes(16), np.uint64, offset=1),  # unaligned, read-only
         np.zeros(0, np.int64),
         np.arange(4, dtype=">u8"),  # not native: the exporter's own buffer
