@@ -9,3 +9,5 @@ cdef object array_over(
 
 
 cdef int get_buffer(object obj, Py_buffer* view, int flags) except -1
+
+cdef int get_unsigned(object obj, Py_buffer* view, Py_ssize_t size, str name) except -1

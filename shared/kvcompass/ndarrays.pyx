@@ -24,6 +24,8 @@ from cpython.object cimport Py_TYPE, PyTypeObject
 from cpython.ref cimport Py_INCREF, PyObject
 from libc.string cimport strchr
 
+from kvcompass.unsigned_items cimport holds_unsigned
+
 import numpy as np
 
 cnp.import_array()
@@ -136,6 +138,16 @@ cdef int get_buffer(object obj, Py_buffer* view, int flags) except -1:
     view.strides = <Py_ssize_t*>cnp.PyArray_STRIDES(array)
     view.suboffsets = NULL
     view.internal = NULL
+    return 0
+
+
+cdef int get_unsigned(object obj, Py_buffer* view, Py_ssize_t size, str name) except -1:
+    """:func:`get_buffer` of C-contiguous unsigned items of ``size`` bytes: ValueError
+    naming the argument ``name`` otherwise, and nothing held."""
+    get_buffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+    if not holds_unsigned(view, size):
+        PyBuffer_Release(view)
+        raise ValueError(f"{name}: expected C-contiguous uint{8 * size}")
     return 0
 
 

@@ -8,11 +8,10 @@ check): a few tuples of a length and a 63-bit key. Built by a list comprehension
 the planner's key array, they cost about a microsecond a request, cold.
 """
 
-from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBuffer_Release
+from cpython.buffer cimport PyBuffer_Release
 from libc.stdint cimport uint64_t
 
-from kvcompass.ndarrays cimport get_buffer
-from kvcompass.unsigned_items cimport holds_unsigned
+from kvcompass.ndarrays cimport get_unsigned
 
 __all__ = ["region_pairs"]
 
@@ -25,10 +24,8 @@ def region_pairs(tuple planned, keys):
     cdef const uint64_t* at_keys
     cdef Py_ssize_t n, at
     cdef list out = []
-    get_buffer(keys, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+    get_unsigned(keys, &view, 8, "keys")
     try:
-        if not holds_unsigned(&view, 8):
-            raise ValueError("keys: expected C-contiguous uint64")
         at_keys = <const uint64_t*>view.buf
         n = view.len // 8
         for length, position in planned:

@@ -11,15 +11,14 @@ masks to the table's columns in C, where numpy built two filled arrays per batch
 concatenated them per table; the shard check of a batch's keys runs here too.
 """
 
-from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBuffer_Release
+from cpython.buffer cimport PyBuffer_Release
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free
 
 import numpy as np
 
-from kvcompass.ndarrays cimport get_buffer
+from kvcompass.ndarrays cimport get_unsigned
 from kvcompass.shard_hash cimport shard_of_key
-from kvcompass.unsigned_items cimport holds_unsigned
 
 __all__ = ["StagedWrites"]
 
@@ -69,7 +68,7 @@ cdef class StagedWrites:
         cdef Py_buffer view
         cdef const uint64_t* at
         cdef Py_ssize_t j
-        _borrow(keys, &view, 8, "keys")
+        get_unsigned(keys, &view, 8, "keys")
         try:
             at = <const uint64_t*>view.buf
             for j in range(view.len // 8):
@@ -86,11 +85,11 @@ cdef class StagedWrites:
         cdef Py_buffer views[3]
         cdef int held = 0
         try:
-            _borrow(keys, &views[0], 8, "keys")
+            get_unsigned(keys, &views[0], 8, "keys")
             held = 1
-            _borrow(tiers, &views[1], 1, "tiers")
+            get_unsigned(tiers, &views[1], 1, "tiers")
             held = 2
-            _borrow(counts, &views[2], 4, "counts")
+            get_unsigned(counts, &views[2], 4, "counts")
             held = 3
             self._add(
                 table_id, field, <const uint64_t*>views[0].buf, views[0].len // 8,
@@ -187,13 +186,3 @@ cdef class StagedWrites:
             self._sizes[table_id] = 0
         self._n_order = 0
         return taken
-
-
-cdef int _borrow(object array, Py_buffer* view, Py_ssize_t size, str name) except -1:
-    """``array``'s buffer into ``view``: C-contiguous unsigned items of ``size`` bytes
-    (ValueError naming the argument otherwise, and nothing held)."""
-    get_buffer(array, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
-    if not holds_unsigned(view, size):
-        PyBuffer_Release(view)
-        raise ValueError(f"{name}: expected C-contiguous uint{8 * size}")
-    return 0
