@@ -191,12 +191,7 @@ class PrefixHasher:
 
     def key_array(self, tokens: TokenIds) -> array[int]:
         """:meth:`key_list` as an ``array("Q")``, for compiled code to take on (an edge's
-        probes, once per request: a uint32 array goes straight to the digests)."""
-        if self.compiled:
-            try:
-                return xxh3.digests_at(self.head, tokens, self.lengths, MASK63)
-            except (TypeError, ValueError, BufferError):
-                pass
+        probes)."""
         return self._key_array(tokens, self.lengths)
 
     def key_array_at(self, tokens: TokenIds, lengths: Sequence[int]) -> array[int]:

@@ -140,10 +140,7 @@ class EventPublisher:
         if columns is None or type(tier) is not Tier:
             event = KVEvent(kind, tier)  # refuses a bad kind or tier now, not at the flush
             columns = int(event.kind), int(event.tier)
-        if namespace is None:
-            hasher = self._hasher
-        else:  # the namespaces met are kept: looked up inline, made once
-            hasher = self._hashers.get(namespace) or self._hasher_of(namespace)
+        hasher = self._hasher if namespace is None else self._hasher_of(namespace)
         lengths = self._lengths if lengths is None else self._checked(lengths)
         kind_value, tier_value = columns
         full = False

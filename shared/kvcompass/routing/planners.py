@@ -47,7 +47,4 @@ class Planners:
     def query(self, request: RouteRequest) -> MultiLevelQuery:
         """The lookup of the request's prompt: its keys at every level toward every
         region."""
-        planner = self._by_namespace.get(request.namespace)
-        if planner is None:
-            planner = self.planner(request.namespace)
-        return planner.query(request.tokens)
+        return self.planner(request.namespace).query(request.tokens)
