@@ -9,6 +9,7 @@ worker's exact queue now.
 
 from __future__ import annotations
 
+from kvcompass.frozen_init import field_builder
 from kvcompass.index.layout import Tier
 from kvcompass.keys import Namespace
 from kvcompass.levels import LevelPlan
@@ -30,6 +31,8 @@ __all__ = ["SimWorker", "WorkerPool"]
 
 #: Buffer every change until the step ends (as WorkerNode does): one batch per shard.
 _BUFFER_KEYS = 1 << 30
+#: A region's vector, built without the type call (about two per request).
+_new_vector = field_builder(RegionQueues)
 
 
 class SimWorker:
@@ -122,6 +125,6 @@ class WorkerPool:
         """The region's queue vector now, as its workers' host sends it."""
         seq = self._seq[region]
         self._seq[region] = seq + 1
-        return RegionQueues(
+        return _new_vector(
             region, seq, self._clock.wall_ns(), queue_vector(*self._reporting[region])
         )

@@ -14,11 +14,14 @@ is C arrays; ``values`` and ``blocked`` stay Python lists, updated in place, bec
 every policy reads them. The signatures are in ``queue_estimates.pyi``.
 """
 
+cimport cython
+
 from array import array
 from collections import deque
 
 from libc.math cimport INFINITY
 from libc.stdint cimport int64_t
+from libc.string cimport memcmp
 
 __all__ = ["QueueEstimates"]
 
@@ -46,6 +49,10 @@ cdef class QueueEstimates:
     cdef readonly Py_ssize_t n_workers
     cdef readonly list values
     cdef readonly list blocked
+    # ``values`` as C doubles: a vector mostly repeats what an estimate already holds
+    # (idle workers, on every local period), and storing an equal value again made and
+    # freed a float object each time.
+    cdef double[::1] _value
     cdef object _clock
     # Per worker: the last report as folded (ms), the forwarded work on top of it (ms)
     # and, oldest first, (wall ns the work reaches the worker, ms) of each forward.
@@ -72,6 +79,7 @@ cdef class QueueEstimates:
         self._clock = clock
         self.values = [0.0] * n
         self.blocked = [0.0] * n
+        self._value = _doubles(n, 0.0)
         self._reported = _doubles(n, 0.0)
         self._pending = _doubles(n, 0.0)
         self._in_flight = [deque() for _ in range(n)]
@@ -84,6 +92,7 @@ cdef class QueueEstimates:
         self._zero_since = _doubles(n, now)
         self._zero = bytearray(b"\x01" * n)
 
+    @cython.boundscheck(False)  # every index below is checked against n first
     def apply(self, queues, bint piggybacked):
         """Fold a region's vector in; returns how many workers it updated.
 
@@ -118,13 +127,16 @@ cdef class QueueEstimates:
                 before = self._reported[worker]
                 ms = before + w * (ms - before)
             self._reported[worker] = ms
-            if self._in_flight[worker]:  # else pending is 0 (an invariant of add_pending)
+            # Work is in flight exactly when pending is above 0 (add_pending counts only
+            # positive work, and supersede sums what is left): the deque stays untouched.
+            if self._pending[worker] > 0.0:
                 self._supersede_pending(worker, sent)
                 ms += self._pending[worker]
+            if source == _DOWN:  # the only source whose blocked entry is not 0
+                self.blocked[worker] = 0.0
             self._source[worker] = kind
             self._reported_at[worker] = now
             self._sent_ns[worker] = sent
-            self.blocked[worker] = 0.0
             self._set(worker, ms, now)
             applied += 1
         return applied
@@ -159,7 +171,9 @@ cdef class QueueEstimates:
         self._set(worker, INFINITY, self._clock.monotonic())
 
     cdef void _set(self, Py_ssize_t worker, double value, double now):
-        self.values[worker] = value
+        if not _same_bits(value, self._value[worker]):
+            self._value[worker] = value
+            self.values[worker] = value
         if value > 0.0:
             self._zero[worker] = False
         elif not self._zero[worker]:
@@ -180,6 +194,10 @@ cdef class QueueEstimates:
         if not self._zero[worker]:
             return -INFINITY
         return self._clock.monotonic() - self._zero_since[worker]
+
+
+cdef inline bint _same_bits(double a, double b) noexcept:
+    return memcmp(&a, &b, sizeof(double)) == 0
 
 
 cdef double[::1] _doubles(Py_ssize_t n, double value):
