@@ -57,6 +57,10 @@ class Position:
     next_seq: int
 
 
+#: Verdicts read per batch: through the enum class, each read costs ~40 ns (EnumType's
+#: ``__getattr__`` hook slows every attribute lookup on an enum class).
+_APPLY, _SKIP, _RESYNC = Verdict.APPLY, Verdict.SKIP, Verdict.RESYNC
+
 #: A position built from a valid one (one per applied batch, on every edge).
 _next_position = field_builder(Position)
 
@@ -90,20 +94,20 @@ class PatchFollower:
             return Verdict.REJECT
         pos = self.position
         if pos is None:
-            return Verdict.RESYNC
+            return _RESYNC
         if batch.owner != pos.owner:
             return Verdict.IGNORE_FOREIGN
-        got, want = (batch.epoch, batch.seq), (pos.epoch, pos.next_seq)
-        if got < want:
-            return Verdict.SKIP
-        if got == want:
-            return Verdict.APPLY
-        return Verdict.RESYNC
+        # (epoch, seq) against the position's, in order; the same epoch is the usual case.
+        epoch = batch.epoch
+        if epoch == pos.epoch:
+            seq, want = batch.seq, pos.next_seq
+            return _APPLY if seq == want else _SKIP if seq < want else _RESYNC
+        return _SKIP if epoch < pos.epoch else _RESYNC
 
     def applied(self, batch: PatchBatch) -> None:
         """``batch`` (an APPLY verdict) is in the view."""
         pos = self.position
-        if pos is None or self.offer(batch) is not Verdict.APPLY:
+        if pos is None or self.offer(batch) is not _APPLY:
             raise InvariantBroken(f"batch {batch.epoch}/{batch.seq} does not continue {pos}")
         self.position = _next_position(pos.owner, pos.epoch, batch.seq + 1)
         self.last_produced_ns = batch.produced_at_ns

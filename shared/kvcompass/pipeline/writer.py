@@ -37,6 +37,9 @@ from kvcompass.wire import KVEventBatch, PatchBatch, TablePatchWire, TableReload
 
 __all__ = ["BadEvent", "PersistSnapshot", "ShardWriter", "Takeover"]
 
+#: Read per batch: through the enum class, each read costs ~40 ns (as in sequences).
+_RESTART, _DUPLICATE = Admission.RESTART, Admission.DUPLICATE
+
 #: Stores a snapshot and returns the key edges load a grown table's view from.
 PersistSnapshot = Callable[[ShardSnapshot], str]
 
@@ -260,13 +263,14 @@ class ShardWriter:
             self.duplicates += 1
             return Admission.DUPLICATE
         table_id, field = self._check(batch)
-        worker = (batch.worker_id, batch.worker_incarnation, batch.worker_seq)
-        admission = self.sequences.admit(*worker)
+        worker_id, incarnation, seq = batch.worker_id, batch.worker_incarnation, batch.worker_seq
+        admission = self.sequences.admit(worker_id, incarnation, seq)
         self.events_offset = offset
-        if admission is Admission.DUPLICATE:
+        if admission is _DUPLICATE:
             self.duplicates += 1
             return admission
-        if admission is Admission.RESTART:
+        restart = admission is _RESTART
+        if restart:
             # A new run of a worker starts with an empty cache: what its earlier runs
             # cached, and any eviction of theirs the log lost, must not outlive them.
             # Their staged writes land first; the clear is a function of the log, so a
@@ -278,8 +282,8 @@ class ShardWriter:
         # shard), checked tiers, in the worker's field.
         self._staged.add(table_id, field, keys, batch.tier_array, batch.count_array)
         self.applied_keys += len(keys)
-        self.restarts += admission is Admission.RESTART
-        self.sequences.record(*worker)
+        self.restarts += restart
+        self.sequences.record(worker_id, incarnation, seq)
         return admission
 
     def write_staged(self) -> None:
