@@ -21,6 +21,7 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from kvcompass.frozen_init import field_builder
 from kvcompass.keys import Namespace
 from kvcompass.levels import plan_levels
 from kvcompass.loadgen.sim.config import SimConfig
@@ -45,6 +46,12 @@ __all__ = ["Progress", "Simulation", "simulate"]
 
 #: Called with the simulated time now, once per load sample.
 Progress = Callable[[float], None]
+
+# A request's values, built valid here (every field given): made without the type call
+# and __init__, several times per request.
+_new_route_request = field_builder(RouteRequest)
+_new_feedback = field_builder(Feedback)
+_new_record = field_builder(SimRecord)
 
 
 class _Flight:
@@ -184,7 +191,7 @@ class Simulation:
             tokens = array(TOKEN_TYPECODE, tokens)
         origin = request.origin_region
         policy = self.policies[origin]
-        decision = policy.decide(RouteRequest(request.request_id, tokens, origin, namespace))
+        decision = policy.decide(_new_route_request(request.request_id, tokens, origin, namespace))
         policy.on_forward(decision, decision.expected_service_ms)
         out_ms = self._wan(origin, decision.region)
         flight = _Flight(request, tokens, decision, out_ms)
@@ -252,7 +259,7 @@ class Simulation:
         back_s = flight.back_ms / 1e3
         ttft_ms = (flight.first_at + back_s - flight.arrival) * 1e3
         self.records.append(
-            SimRecord(
+            _new_record(
                 request.request_id,
                 request.session,
                 request.tenant,
@@ -281,7 +288,7 @@ class Simulation:
         # The last chunk carries the reuse report and the region's queues (piggybacked).
         vector = self.pool.vector(region)
         self.reporters[region].note_piggyback(origin)
-        feedback = Feedback(
+        feedback = _new_feedback(
             decision.worker,
             decision.claimed_tokens,
             sequence.reused.tokens,

@@ -46,6 +46,7 @@ from kvcompass.unsigned_items cimport holds_uint32
 import numpy as np
 
 from kvcompass.errors import InvariantBroken
+from kvcompass.frozen_init import field_builder
 from kvcompass.index.layout import Tier
 from kvcompass.levels import plan_levels
 from kvcompass.wire import EventKind
@@ -67,6 +68,9 @@ cdef object _ADMIT = EventKind.ADMIT
 cdef object _TIER = EventKind.TIER
 cdef object _EVICT = EventKind.EVICT
 cdef object _NOTHING = CacheMatch()
+# The values below are built valid here: made without the type call and __init__.
+cdef object _new_match = field_builder(CacheMatch)
+cdef object _new_change = field_builder(PrefixChange)
 
 # _steps_below's answer when a key's LFU use count is below the bound's: no limit.
 cdef int64_t _UNBOUNDED = 1LL << 62
@@ -456,7 +460,7 @@ cdef class PrefixCache:
                 if self._registered_at(depth):
                     tokens = _prefix(run.source, depth * self.block_size)
                     length = (depth * self.block_size,)
-                    yield PrefixChange(namespace, _ADMIT, _TIERS[run.tier], tokens, length)
+                    yield _new_change(namespace, _ADMIT, _TIERS[run.tier], tokens, length)
 
     # -- changing --------------------------------------------------------------------
 
@@ -557,7 +561,7 @@ cdef class PrefixCache:
                 break
             dram += end - run.first + 1
         end = path[len(path) - 1][1]
-        return CacheMatch(end * self.block_size, dram * self.block_size)
+        return _new_match(end * self.block_size, dram * self.block_size)
 
     cdef inline bytes _block(self, _Run run, Py_ssize_t depth):
         """The token bytes of block ``depth`` of ``run``: its key among its siblings."""
@@ -1167,7 +1171,7 @@ cdef class PrefixCache:
         if lo < hi:
             lengths = self._registered_lengths[lo:hi]
             tokens = _prefix(prompt, self._registered[hi - 1] * self.block_size)
-            self._on_change(PrefixChange(namespace, kind, _TIERS[tier], tokens, lengths))
+            self._on_change(_new_change(namespace, kind, _TIERS[tier], tokens, lengths))
         return 0
 
     cdef int _emit_at(
@@ -1179,7 +1183,7 @@ cdef class PrefixCache:
             return 0
         tokens = _prefix(source, depth * self.block_size)
         length = (depth * self.block_size,)
-        self._on_change(PrefixChange(namespace, kind, _TIERS[tier], tokens, length))
+        self._on_change(_new_change(namespace, kind, _TIERS[tier], tokens, length))
         return 0
 
 

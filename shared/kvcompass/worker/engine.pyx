@@ -33,6 +33,7 @@ request, timings and emitted-token values are plain Python
 from collections import deque
 
 from kvcompass.worker.cache import CacheMatch
+from kvcompass.frozen_init import field_builder
 from kvcompass.worker.completion import MigrationMode, Request, Timings
 
 from kvcompass.worker.cost cimport CostModel
@@ -51,6 +52,8 @@ __all__ = [
 #: one built per submit.
 cdef object _NOTHING_REUSED = CacheMatch()
 cdef object _COPY = MigrationMode.COPY
+#: Timings built valid here: made without the type call and __init__.
+cdef object _new_timings = field_builder(Timings)
 
 
 cdef class Sequence:
@@ -95,12 +98,12 @@ cdef class Sequence:
         started = self.started_at if self.started_at is not None else self.arrived_at
         first = self.first_token_at if self.first_token_at is not None else started
         end = self.finished_at if self.finished_at is not None else first
-        return Timings(
-            queue=(started - self.arrived_at) * 1e3,
-            reload=self.reload_ms,
-            prefill=self.prefill_ms,
-            decode=(end - first) * 1e3,
-            ttft=(first - self.arrived_at) * 1e3 if self.first_token_at is not None else 0.0,
+        return _new_timings(  # queue, reload, prefill, decode, ttft
+            (started - self.arrived_at) * 1e3,
+            self.reload_ms,
+            self.prefill_ms,
+            (end - first) * 1e3,
+            (first - self.arrived_at) * 1e3 if self.first_token_at is not None else 0.0,
         )
 
     def __repr__(self):
