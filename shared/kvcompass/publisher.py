@@ -99,7 +99,6 @@ class EventPublisher:
         self.max_buffered_keys = max_buffered_keys
         self._lengths = plan.registration_lengths[worker.region]
         self._registered = frozenset(self._lengths)
-        self._key_hash = plan.key_hash
         self._hasher = PrefixHasher(self._lengths, namespace, plan.key_hash)
         self._hashers: dict[Namespace, PrefixHasher] = {}
         self._checked_tuples = _CHECKED.setdefault(self._registered, {})
@@ -190,7 +189,7 @@ class EventPublisher:
         if hasher is None:
             if len(self._hashers) >= _MAX_HASHERS:
                 self._hashers.clear()  # many tenants: start over rather than grow
-            hasher = PrefixHasher(self._lengths, namespace, self._key_hash)
+            hasher = self._hasher.for_namespace(namespace)
             self._hashers[namespace] = hasher
         return hasher
 

@@ -144,6 +144,23 @@ def test_namespaces_never_share_keys(key_hash: KeyHash) -> None:
     assert len(keys) == len(variants)
 
 
+@HASHES
+def test_a_hasher_for_another_namespace_keys_as_a_new_one_there(key_hash: KeyHash) -> None:
+    """for_namespace skips the lengths' checks: its keys must be a fresh hasher's."""
+    tokens = np.arange(1, 301, dtype=np.uint32)
+    tenant = Namespace("llama", "tenant-a")
+    base = PrefixHasher([16, 64, 256, 64], Namespace("llama"), key_hash)
+    moved = base.for_namespace(tenant)
+    fresh = PrefixHasher([16, 64, 256], tenant, key_hash)
+    assert moved.keys(tokens) == fresh.keys(tokens)
+    assert list(moved.key_array(tokens)) == list(fresh.key_array(tokens))
+    assert (moved.lengths, moved.namespace, moved.key_hash) == (base.lengths, tenant, key_hash)
+    assert base.keys(tokens) != moved.keys(tokens)  # the original keeps its namespace
+    assert base.keys(tokens) == PrefixHasher([16, 64, 256], Namespace("llama"), key_hash).keys(
+        tokens
+    )
+
+
 def test_lengths_beyond_prompt_are_skipped_and_duplicates_collapse() -> None:
     keys = prefix_keys([5, 6, 7], [2, 3, 3, 4, 100], NS)
     assert list(keys) == [2, 3]

@@ -123,7 +123,7 @@ class QueryPlanner:
         the edge's alone), a hasher of its own."""
         planner = copy.copy(self)
         planner.namespace = namespace
-        planner._hasher = PrefixHasher(self._hasher.lengths, namespace, self._hasher.key_hash)
+        planner._hasher = self._hasher.for_namespace(namespace)
         return planner
 
     @property
