@@ -138,6 +138,40 @@ def test_a_slot_builder_counts_values_and_names_only_slots() -> None:
         SlotBuilder(Plain, ("a", "e"))
 
 
+def test_a_slot_builder_allocates_as_object_new_would_or_refuses_the_class() -> None:
+    """It allocates without calling object.__new__: only for classes where that call
+    would allocate the same way (the object is a tracked, collectable instance)."""
+    import abc
+    import gc
+
+    build = field_builder(Plain)
+    made = build(1, "x", None, 1.5)
+    assert type(made) is Plain
+    assert gc.is_tracked(made)
+    cycle: list[Any] = []
+    cycle.append(build(1, "x", cycle, 1.5))
+    del cycle
+    gc.collect()  # a cycle through a built object is collectable (no crash, no leak)
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class OwnNew:
+        a: int
+
+        def __new__(cls, *args: Any) -> OwnNew:
+            return super().__new__(cls)
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Abstract(abc.ABC):
+        a: int
+
+        @abc.abstractmethod
+        def f(self) -> None: ...
+
+    for cls in (OwnNew, Abstract):
+        with pytest.raises(TypeError, match=r"abstract or has its own __new__"):
+            SlotBuilder(cls, ("a",))
+
+
 def test_a_slot_builder_owns_its_values_once() -> None:
     value = object()
     before = sys.getrefcount(value)
