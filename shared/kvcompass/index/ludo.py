@@ -75,6 +75,10 @@ class LudoTable:
         self._reload_pending = False
         #: Why the table can no longer be trusted (None while it can).
         self._corrupt: str | None = None
+        #: A write broke the table: nothing derived from it may leave the process. (Set
+        #: with the reason, never cleared; an attribute: a shard checks every table's per
+        #: flush, and a property's call cost more than the rest of the check.)
+        self.corrupt = False
 
     @classmethod
     def with_capacity(
@@ -348,6 +352,7 @@ class LudoTable:
     def _poison(self, reason: str) -> IndexCorrupt:
         """Mark the table untrustworthy: nothing derived from it may leave the process."""
         self._corrupt = reason
+        self.corrupt = True
         return IndexCorrupt(f"{reason}: reload the table from its last snapshot")
 
     def _check_intact(self) -> None:
@@ -470,16 +475,11 @@ class LudoTable:
     # -- patches -------------------------------------------------------------------
 
     @property
-    def corrupt(self) -> bool:
-        """A write broke the table: nothing derived from it may leave the process."""
-        return self._corrupt is not None
-
-    @property
     def changed(self) -> bool:
         """Whether :meth:`take_patch` has anything to return, or would refuse (corrupt):
         a cheap test per flush."""
         return bool(
-            self._corrupt is not None
+            self.corrupt
             or self._reload_pending
             or self._othello_reset
             or self._dirty_buckets[_N_DIRTY]

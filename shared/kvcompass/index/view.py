@@ -202,10 +202,13 @@ class LudoView:
             g = self.geometry.with_othello_seed(reset.othello_seed)
             self._buf[:HEADER_SIZE] = ImageHeader(ImageKind.VIEW, g, 0, 0, 0).pack()
             self._bind(g)
+        # The compiled copy takes empty images as they are (it writes nothing for them).
+        if self._patch_target is not None and apply_images(
+            self._patch_target, patch.buckets, patch.words
+        ):
+            return
         words = patch.words if len(patch.words) else None
         images = patch.buckets if patch.buckets is not None and len(patch.buckets) else None
-        if self._patch_target is not None and apply_images(self._patch_target, images, words):
-            return
         if words is not None:
             self._words[words.indices] = words.values
         if images is not None:
