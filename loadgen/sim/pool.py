@@ -62,7 +62,9 @@ class SimWorker:
         # The simulator reads first and last tokens only (TTFT, end to end).
         self.engine = EmulatedEngine(cache, cost, clock, stream=False)
         self._index = index
-        self._changed = False
+        #: The cache changed since the last :meth:`publish` (most engine steps change
+        #: nothing: the loop asks before calling it).
+        self.changed = False
         #: Reload + prefill ms of requests whose prefill ended since the last sample.
         self.busy_ms = 0.0
         #: Time of the wake-up event scheduled for this worker (None: none).
@@ -76,12 +78,12 @@ class SimWorker:
             namespace=change.namespace,
             lengths=change.lengths,
         )
-        self._changed = True
+        self.changed = True
 
     def publish(self) -> None:
         """Send what the cache changed since the last call to the index."""
-        if self._changed:
-            self._changed = False
+        if self.changed:
+            self.changed = False
             for batch in self.publisher.flush():
                 self._index.send(batch.shard, batch)
 

@@ -522,6 +522,8 @@ def test_columns_and_events_describe_the_same_batch(batch: KVEventBatch) -> None
     pairs = [pair for e in events for pair in e.keys]
     assert list(zip(batch.length_array.tolist(), batch.key_array.tolist(), strict=True)) == pairs
     assert batch.key_tiers().tolist() == [int(e.tier) for e in events for _ in e.keys]
+    arrays = (batch.kind_array, batch.tier_array, batch.count_array)
+    assert batch.columns.arrays() == (*arrays, batch.length_array, batch.key_array)
     assert [batch.event_of_key(j) for j in range(batch.n_keys)] == [
         i for i, e in enumerate(events) for _ in e.keys
     ]

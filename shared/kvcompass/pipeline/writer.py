@@ -23,6 +23,9 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+from numpy.typing import NDArray
+
 from kvcompass.errors import BadInput, ConfigError, InvariantBroken
 from kvcompass.index.errors import SnapshotError
 from kvcompass.index.layout import IndexLayout
@@ -262,7 +265,9 @@ class ShardWriter:
             # Read again (a consumer reset): the state already holds its effect.
             self.duplicates += 1
             return Admission.DUPLICATE
-        table_id, field = self._check(batch)
+        columns = batch.columns
+        keys = columns.keys
+        table_id, field = self._check(batch, keys)
         worker_id, incarnation, seq = batch.worker_id, batch.worker_incarnation, batch.worker_seq
         admission = self.sequences.admit(worker_id, incarnation, seq)
         self.events_offset = offset
@@ -277,10 +282,9 @@ class ShardWriter:
             # replay from a snapshot clears the same keys.
             self.write_staged()
             self.restart_cleared_keys += self.tables.clear_worker(self._workers[batch.worker_id][0])
-        keys = batch.key_array
         # Checked columns: keys of a checked batch that passed _check (63-bit, of this
         # shard), checked tiers, in the worker's field.
-        self._staged.add(table_id, field, keys, batch.tier_array, batch.count_array)
+        self._staged.add(table_id, field, keys, columns.tiers, columns.counts)
         self.applied_keys += len(keys)
         self.restarts += restart
         self.sequences.record(worker_id, incarnation, seq)
@@ -307,8 +311,9 @@ class ShardWriter:
         """Account for an offset whose message was dead-lettered."""
         self.events_offset = max(self.events_offset, offset)
 
-    def _check(self, batch: KVEventBatch) -> tuple[int, int]:
-        """The batch's (table id, field), or BadEvent naming what is wrong with it."""
+    def _check(self, batch: KVEventBatch, keys: NDArray[np.uint64]) -> tuple[int, int]:
+        """The batch's (table id, field), or BadEvent naming what is wrong with it
+        (``keys``: its key column)."""
         if batch.shard != self.shard:
             raise BadEvent(f"batch is for shard {batch.shard}, this is shard {self.shard}")
         known = self._workers.get(batch.worker_id)
@@ -318,7 +323,6 @@ class ShardWriter:
         if batch.region != region:
             raise BadEvent(f"worker {batch.worker_id!r} is in {region!r}, not {batch.region!r}")
         # A batch's tiers already match its kinds (KVEventBatch refuses anything else).
-        keys = batch.key_array
         j = self._staged.first_foreign(keys)
         if j >= 0:
             owner = shard_of(int(keys[j]), self.n_shards)

@@ -205,6 +205,12 @@ class KVEventBatch(WireMessage):
         return events
 
     @property
+    def columns(self) -> EventColumns:
+        """The five arrays below at once, for a reader of several (a maintenance unit
+        reads three per batch)."""
+        return self._columns
+
+    @property
     def kind_array(self) -> NDArray[np.uint8]:
         """Per event, its :class:`EventKind` value."""
         return self._columns.kinds
