@@ -23,7 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvcompass.errors import BadInput
-from kvcompass.frozen_init import field_builder, frozen_init
+from kvcompass.frozen_init import SlotBuilder, field_builder, frozen_init
 from kvcompass.index import probe, probe_call
 from kvcompass.index.layout import IndexLayout, Tier
 from kvcompass.index.patches import TablePatch
@@ -132,7 +132,7 @@ class QueryPlanner:
         return {region: length for region, (length, _) in self._shape.guards.items()}
 
     def query(self, tokens: TokenIds) -> MultiLevelQuery:
-        regions = _PlannedRegions(self._shape, self._hasher.key_array(tokens))
+        regions = _new_planned(self._shape, self._hasher.key_array(tokens))
         return _new_query(regions, self.chained)
 
 
@@ -178,10 +178,9 @@ class _PlannedRegions(Mapping[str, list[tuple[int, int]]]):
     take the key array as it is, and the policy reads one region, if any."""
 
     __slots__ = ("key_array", "shape")
-
-    def __init__(self, shape: _Shape, key_array: array[int]) -> None:
-        self.shape = shape
-        self.key_array = key_array  # at the first len(key_array) of the planner's lengths
+    # Built by _new_planned, once per request.
+    shape: _Shape
+    key_array: array[int]  # at the first len(key_array) of the planner's lengths
 
     def __getitem__(self, region: str) -> list[tuple[int, int]]:
         return region_pairs(self.shape.regions[region], self.key_array)
@@ -189,7 +188,8 @@ class _PlannedRegions(Mapping[str, list[tuple[int, int]]]):
     def get(self, region: str, default: Any = None) -> Any:
         # Mapping.get goes through __getitem__ and a KeyError: the policy asks for its own
         # region on every decision.
-        return self[region] if region in self.shape.regions else default
+        regions = self.shape.regions
+        return region_pairs(regions[region], self.key_array) if region in regions else default
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.shape.regions)
@@ -204,6 +204,7 @@ class _PlannedRegions(Mapping[str, list[tuple[int, int]]]):
 # Per request, valid by construction: built without __init__ (kvcompass.frozen_init).
 _new_query = field_builder(MultiLevelQuery)
 _new_match = field_builder(Match)
+_new_planned = SlotBuilder(_PlannedRegions, ("shape", "key_array"))
 
 
 class MatchProbes:
