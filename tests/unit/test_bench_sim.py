@@ -31,3 +31,11 @@ def test_the_timed_run_times_every_component_and_changes_nothing() -> None:
     assert all(v > 0 for v in timed["us_per_request"].values())
     for key in ("requests", "simulated_s", "index_keys_applied", "patch_batches"):
         assert timed[key] == plain[key]
+
+
+def test_repeated_runs_report_the_median_run() -> None:
+    requests = bench_sim.workload("short", 200.0, 60, 0)
+    out = bench_sim.run("round-robin", requests, 0, timed=False, repeat=3)
+    rates = out["runs_requests_per_s"]
+    assert len(rates) == 3
+    assert out["sim_requests_per_s"] == sorted(rates)[1]

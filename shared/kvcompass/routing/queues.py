@@ -50,11 +50,13 @@ class QueueFed:
     queues: QueueEstimates
 
     def observe(self, feedback: Feedback) -> None:
-        if feedback.queue_vector is not None:
-            self.queues.apply(feedback.queue_vector, piggybacked=feedback.cross_region)
+        # apply(queues, piggybacked), positional: about two per request in the simulator
+        vector = feedback.queue_vector
+        if vector is not None:
+            self.queues.apply(vector, feedback.cross_region)
 
     def on_queues(self, queues: RegionQueues) -> None:
-        self.queues.apply(queues, piggybacked=False)
+        self.queues.apply(queues, False)
 
     def on_forward(self, decision: Decision, expected_service_ms: float) -> None:
         self.queues.add_pending(decision.worker, expected_service_ms)
