@@ -80,6 +80,10 @@ class KVCompassPolicy(QueueFed):
         self._family_length = first[origin_region]
         self._gamma = topology.gamma_ms_per_token
         self.pending = PendingPrefixes(config.pending_slack_s) if config.pending_credit else None
+        # The lists the score reads, updated in place by their owners: looked up once.
+        self._belief = self.belief.values
+        self._queue_values = self.queues.values
+        self._scored_queues = self._queue_values if self.score.load_aware else self.queues.blocked
 
     def decide(self, request: RouteRequest, explain: bool = False) -> Decision:
         prompt = prompt_length(request, self.origin_region)
@@ -103,8 +107,8 @@ class KVCompassPolicy(QueueFed):
             now = self._clock.monotonic()
             lengths, tiers = pending.credit(own, lengths, tiers, now)
         score = self.score
-        belief = self.belief.values
-        queues = self.queues.values if score.load_aware else self.queues.blocked
+        belief = self._belief
+        queues = self._scored_queues
         scores: Sequence[float]
         if explain:  # every worker ranked
             lam = score.price(queues)
@@ -120,7 +124,7 @@ class KVCompassPolicy(QueueFed):
             if pending is not None and best in self._local:
                 # Only where the queue estimates are live: a remote worker's estimate is a
                 # report old, and crediting it would herd more work into a stale queue.
-                pending.record(best, own, now, self.queues.values[best] / 1e3)
+                pending.record(best, own, now, self._queue_values[best] / 1e3)
         candidates = score.candidates(
             order if explain else order[: self._top],
             prompt,
