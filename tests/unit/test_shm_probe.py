@@ -146,6 +146,14 @@ def test_a_match_target_keeps_its_arrays_and_refuses_keys_and_probes_it_cannot_r
     probe_call.match_at(target, array("Q", keys[:2]), probes)
     assert lengths.tolist() == want_lengths.tolist()
     assert tiers.tolist() == want_tiers.tolist()
+    assert target.lists() == (want_lengths.tolist(), want_tiers.tolist())
+    # The lists are the outputs now, whatever they hold (numpy's tolist, item for item).
+    lengths[:] = np.random.default_rng(1).integers(-(1 << 62), 1 << 62, 16)
+    lengths[1::3] = 0  # zeros between, the first and last set
+    tiers[:] = np.arange(16) % 3
+    got_lengths, got_tiers = target.lists()
+    assert (got_lengths, got_tiers) == (lengths.tolist(), tiers.tolist())
+    assert all(type(v) is int for v in got_lengths + got_tiers)
     bad_calls: list[tuple[Any, Any, str]] = [
         (np.zeros(2, np.uint32), probes, "keys"),
         (array("Q", keys[:2]), np.zeros((2, 3), np.int64), "probes"),

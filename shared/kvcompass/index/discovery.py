@@ -329,8 +329,9 @@ class DiscoveryView:
             if not all(map(operator.is_, rows, self._rows)):
                 self._rows = rows
                 self._target = self._match_target(rows)
-        probe_call.match_at(self._target, *self._probes.rows(query))
-        return _new_match(self._lengths.tolist(), self._tiers.tolist())
+        target = self._target
+        probe_call.match_at(target, *self._probes.rows(query))
+        return _new_match(*target.lists())
 
     def _match_target(self, rows: list[NDArray[np.uint64]]) -> probe_call.MatchTarget:
         """The match's arrays, checked once: descriptor rows (in the kernel's order), the

@@ -21,6 +21,7 @@ class MatchTarget:
         tiers: NDArray[np.int64],
         touched: NDArray[np.uint8],
     ) -> None: ...
+    def lists(self) -> tuple[list[int], list[int]]: ...
 
 def match_at(
     target: MatchTarget,
