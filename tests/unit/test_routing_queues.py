@@ -81,6 +81,20 @@ def test_pending_work_counts_until_a_report_sent_after_it_arrived() -> None:
     assert (q.values[A0], q.source(A0)) == (14.0, "live")
 
 
+def test_work_not_above_zero_is_no_pending_work() -> None:
+    """NaN, 0 and negative work add nothing: a NaN counted once would stay in the
+    estimate (pending above 0 is what says work is in flight)."""
+    clock = ManualClock(wall_ns=MS)
+    q = estimates(clock)
+    q.apply(queues("a", MS, w0=10.0), piggybacked=False)
+    for bad in (math.nan, 0.0, -5.0):
+        q.add_pending(A0, bad)
+    assert (q.values[A0], q.source(A0)) == (10.0, "live")
+    q.add_pending(A0, 4.0)
+    q.apply(queues("a", 3 * MS, w0=12.0), piggybacked=False)  # sent after it arrived
+    assert (q.values[A0], q.source(A0)) == (12.0, "live")
+
+
 def test_a_remote_broadcast_sent_while_our_request_crosses_the_wan_keeps_it_pending() -> None:
     clock = ManualClock(wall_ns=MS)
     q = estimates(clock)

@@ -150,8 +150,10 @@ cdef class QueueEstimates:
         self._pending[worker] = sum([ms for _, ms in flight]) if flight else 0.0
 
     def add_pending(self, Py_ssize_t worker, double ms):
-        """Work this edge just forwarded to ``worker``, counted until its next report."""
-        if ms <= 0 or self._source[worker] == _DOWN:
+        """Work this edge just forwarded to ``worker``, counted until its next report
+        (none for ``ms`` not above 0, NaN included: pending is above 0 exactly while
+        work is in flight)."""
+        if not ms > 0 or self._source[worker] == _DOWN:
             return
         self._in_flight[worker].append(
             (self._clock.wall_ns() + self._one_way_ns[worker], ms)
