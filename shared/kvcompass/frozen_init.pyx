@@ -122,7 +122,7 @@ cdef class SlotBuilder:
         self.cls = cls
 
     def __call__(self, *values):
-        # What object.__new__(cls) does, without the call: about 40 ns a value.
+        # What object.__new__(cls) does, without the call: about 25 ns less a value.
         obj = PyType_GenericAlloc(<PyTypeObject*>self.cls, 0)
         self.writer.store(obj, values)
         return obj

@@ -167,9 +167,11 @@ class PrefixHasher:
         namespace: Namespace,
         key_hash: KeyHash = DEFAULT_KEY_HASH,
     ) -> None:
-        self._take(_checked_lengths(lengths), namespace, KeyHash(key_hash))
+        self._set_checked(_checked_lengths(lengths), namespace, KeyHash(key_hash))
 
-    def _take(self, lengths: tuple[int, ...], namespace: Namespace, key_hash: KeyHash) -> None:
+    def _set_checked(
+        self, lengths: tuple[int, ...], namespace: Namespace, key_hash: KeyHash
+    ) -> None:
         self.lengths = lengths
         self.namespace = namespace
         self.key_hash = key_hash
@@ -185,7 +187,7 @@ class PrefixHasher:
         publisher or an edge meets every tenant's first prompt with one (a new hasher
         checks its lengths, about 2.5 µs for a plan's 35)."""
         hasher = object.__new__(type(self))
-        hasher._take(self.lengths, namespace, self.key_hash)
+        hasher._set_checked(self.lengths, namespace, self.key_hash)
         return hasher
 
     def keys(self, tokens: TokenIds) -> dict[int, int]:
