@@ -126,7 +126,7 @@ class KVCompassPolicy(QueueFed):
                 # report old, and crediting it would herd more work into a stale queue.
                 pending.record(best, own, now, self._queue_values[best] / 1e3)
         candidates = score.candidates(
-            order if explain else order[: self._top],
+            order,  # every worker when explaining, else choose's best _top
             prompt,
             lengths,
             tiers,

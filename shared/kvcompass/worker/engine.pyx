@@ -52,6 +52,7 @@ __all__ = [
 #: one built per submit.
 cdef object _NOTHING_REUSED = CacheMatch()
 cdef object _COPY = MigrationMode.COPY
+cdef object _ZERO_MS = 0.0
 #: Timings built valid here: made without the type call and __init__.
 cdef object _new_timings = field_builder(Timings)
 
@@ -523,6 +524,9 @@ def queue_vector(tuple indices, tuple engines):
         raise ValueError(f"{len(indices)} indices for {len(engines)} engines")
     cdef dict out = {}
     cdef Py_ssize_t i
+    cdef double ms
     for i in range(len(engines)):
-        out[indices[i]] = (<EmulatedEngine?>engines[i])._queue_ms()
+        ms = (<EmulatedEngine?>engines[i])._queue_ms()
+        # An idle worker's 0.0 is one shared float (most are idle): no float to make.
+        out[indices[i]] = _ZERO_MS if ms == 0.0 else ms
     return out
