@@ -32,8 +32,8 @@ request, timings and emitted-token values are plain Python
 
 from collections import deque
 
-from kvcompass.worker.cache import CacheMatch
 from kvcompass.frozen_init import field_builder
+from kvcompass.worker.cache import CacheMatch
 from kvcompass.worker.completion import MigrationMode, Request, Timings
 
 from kvcompass.worker.cost cimport CostModel
