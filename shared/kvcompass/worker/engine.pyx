@@ -282,9 +282,10 @@ cdef class EmulatedEngine:
     def next_notable_at(self):
         """Clock time of the next change other than a decode token that ends nothing: a
         prefill or copy ending (the cache changes, a first token comes out) or the step
-        that ends a sequence; None when idle. Until then the decode batch is fixed, so
-        the steps before it are plain; a driver that needs only first and last tokens
-        calls :meth:`advance` then, which applies them all, each at its own time."""
+        that ends a sequence; None when idle. Until then the steps are plain (sequences
+        that join the batch at a step's end change no output); a driver that needs only
+        first and last tokens calls :meth:`advance` then, which applies them all, each at
+        its own time."""
         cdef double due, t
         cdef bint job = self._next_job_event(&due)
         if not self._stepping:
@@ -292,11 +293,40 @@ cdef class EmulatedEngine:
         t = self._step_ends
         if job and due <= t:
             return due
-        if not self._joining:  # else the batch changes when this step ends
-            t = self._plain_run()
-            if job and due <= t:  # the steps' ends only grow
-                return due
+        t = self._joined_plain_run() if self._joining else self._plain_run()
+        if job and due <= t:  # the steps' ends only grow
+            return due
         return t
+
+    cdef double _joined_plain_run(self):
+        """:meth:`_plain_run` of the batch the joining sequences make at this step's end,
+        without changing anything: the end of the first step that ends a sequence, summed
+        as :meth:`_end_step`, :meth:`_start_step` and :meth:`_plain_run` will sum it (the
+        same float). A simulator skips one wake-up a request this way (the join alone)."""
+        cdef Sequence s
+        cdef Py_ssize_t least = 0, left, n = 0, _
+        cdef bint first = True
+        for s in self._batch:  # each emits its token at this step's end
+            if s.finished_at is not None or s.aborted:
+                continue
+            left = s._max_tokens - s.generated - 1
+            if left == 0:
+                return self._step_ends  # its last token: this step ends a sequence
+            if first or left < least:
+                least = left
+                first = False
+            n += 1
+        for s in self._joining:
+            left = s._max_tokens - s.generated
+            if first or left < least:
+                least = left
+                first = False
+            n += 1
+        cdef double step_s = self.cost.decode_step_ms(n) / 1e3
+        cdef double until = self._step_ends + step_s
+        for _ in range(least - 1):
+            until += step_s
+        return until
 
     def advance(self):
         """Apply every change due by now; returns the tokens emitted since the last call."""
