@@ -18,10 +18,13 @@ the difference is what routing costs. Then the simulator without the index: roun
 with every worker's event batches dropped where they would be sent (no index write), so
 only the engines with their caches, the event loop and the queue vectors run; what that
 alone costs per request, against the budget, is what limits the rate. Per-request
-component times come from a second KVCompass run that wraps the policies', engines' and
-index's entry points (a few hundred ns each; its ``total`` includes them); the headline
-rate is from the unwrapped runs. Each unwrapped run is made ``--repeat`` times on a fresh
-simulation (the machine is shared: one run can lose a tenth to a neighbour): its
+component times come from a second KVCompass run that wraps the policies', engines',
+publishers', writers' and edges' entry points (a few hundred ns each; its ``total``
+includes them; the simulator's own loop, pool and index plane are compiled, so an edge's
+``edge_apply`` is its followers' verdicts and views' patch copies, without its glue);
+the headline rate is from the unwrapped runs. Each unwrapped run is made ``--repeat``
+times on a fresh simulation (the machine is shared: one run can lose a tenth to a
+neighbour): its
 ``sim_requests_per_s`` is the median run's, ``runs_requests_per_s`` lists them all.
 Prints one JSON object; ``--profile`` also prints cProfile's top functions to stderr.
 
@@ -34,6 +37,7 @@ admitted block demotes (later also evicts) one, which is what long studies pay.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import functools
 import gc
@@ -46,13 +50,16 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kvcompass.loadgen.reports.cells import no_reuse_capacity
 from kvcompass.loadgen.sim import SimConfig, Simulation
+from kvcompass.loadgen.sim import pool as pool_module
 from kvcompass.loadgen.workloads import LiveRequest, make_workload
+from kvcompass.publisher import EventPublisher
 from kvcompass.topology import load_builtin
+from kvcompass.wire import KVEventBatch
 from kvcompass.worker import EmulatedEngine
 
 TOPOLOGY = load_builtin("sim-8region")
@@ -94,39 +101,58 @@ class Timers:
         return timed
 
 
-class _TimedEngine:
-    """An engine whose submit and advance are timed; everything else is the engine's.
-    (The compiled engine's methods cannot be replaced on the object itself.)"""
+def timed_engine_class(timers: Timers) -> type[EmulatedEngine]:
+    """The engine, with its submit and advance timed. (The compiled engine's methods
+    cannot be replaced on an object, nor a compiled pool's engines swapped after it
+    resolved them: the bench builds its workers' engines from this subclass.)"""
 
-    def __init__(self, engine: EmulatedEngine, timers: Timers) -> None:
-        self._engine = engine
-        self.submit = timers.wrap("engine_submit", engine.submit)
-        self.advance = timers.wrap("engine_advance", engine.advance)
+    class TimedEngine(EmulatedEngine):
+        submit = timers.wrap("engine_submit", EmulatedEngine.submit)
+        advance = timers.wrap("engine_advance", EmulatedEngine.advance)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
+    return TimedEngine
 
 
-def instrument(sim: Simulation) -> Timers:
-    timers = Timers()
+@contextlib.contextmanager
+def instrumented(timers: Timers) -> Iterator[None]:
+    """Simulations built inside build their workers' engines timed."""
+    names = vars(pool_module)  # the globals the pool looks its engine class up in, compiled
+    plain = names["EmulatedEngine"]
+    names["EmulatedEngine"] = timed_engine_class(timers)
+    try:
+        yield
+    finally:
+        names["EmulatedEngine"] = plain
+
+
+def instrument(sim: Simulation, timers: Timers) -> None:
+    """Time the policies', publishers' and index's entry points. The simulator's own
+    classes are compiled (their methods cannot be replaced), so an edge is timed by
+    what it runs per batch: its followers' verdicts and its views' patch copies."""
     for policy in sim.policies.values():
         policy.decide = timers.wrap("decide", policy.decide)  # type: ignore[method-assign]
     for worker in sim.pool.workers:
-        worker.engine = _TimedEngine(worker.engine, timers)  # type: ignore[assignment]
         publisher = worker.publisher
         publisher.flush = timers.wrap("publisher_flush", publisher.flush)  # type: ignore[method-assign]
     for writer in sim.index.writers:
         writer.stage = timers.wrap("writer_stage", writer.stage)  # type: ignore[method-assign]
         writer.flush = timers.wrap("writer_flush", writer.flush)  # type: ignore[method-assign]
     for edge in sim.index.replicas:
-        edge.receive = timers.wrap("edge_receive", edge.receive)  # type: ignore[method-assign]
-    return timers
+        for follower in edge.followers:
+            follower.offer = timers.wrap("edge_apply", follower.offer)  # type: ignore[method-assign]
+        for view in edge._views.values():
+            view.apply = timers.wrap("edge_apply", view.apply)  # type: ignore[method-assign]
 
 
 def drop_index_writes(sim: Simulation) -> None:
     """Every worker's buffered event batches are discarded where they would be sent."""
     for worker in sim.pool.workers:
-        worker.publish = worker.publisher.discard  # type: ignore[method-assign,assignment]
+        worker.publisher.flush = functools.partial(_discarded, worker.publisher)  # type: ignore[method-assign]
+
+
+def _discarded(publisher: EventPublisher) -> list[KVEventBatch]:
+    publisher.discard()
+    return []
 
 
 def run(
@@ -141,8 +167,11 @@ def run(
     """``repeat`` runs, each on a fresh simulation; the median run's wall time."""
     walls = []
     for _ in range(repeat):
-        sim = Simulation(SimConfig(TOPOLOGY, policy=policy, seed=seed, resync=resync))
-        timers = instrument(sim) if timed else None
+        timers = Timers() if timed else None
+        with instrumented(timers) if timers is not None else contextlib.nullcontext():
+            sim = Simulation(SimConfig(TOPOLOGY, policy=policy, seed=seed, resync=resync))
+        if timers is not None:
+            instrument(sim, timers)
         if floor:
             drop_index_writes(sim)
         gc.collect()

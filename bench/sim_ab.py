@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -75,8 +76,24 @@ def export(rev: str, cache: Path) -> Path:
     into = cache / commit
     if into.is_dir():
         return into
+    listed = subprocess.run(
+        ["git", "ls-tree", "--name-only", commit],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    # The packages, and what builds them (setup.py reads pyproject's package-dir and
+    # readme, and names mypyc's modules through typecheck/).
+    wanted = ("shared", "loadgen", "services", "setup.py", "pyproject.toml", "README.md")
     archive = subprocess.run(
-        ["git", "archive", "--format=tar", commit, "shared", "loadgen", "services"],
+        [
+            "git",
+            "archive",
+            "--format=tar",
+            commit,
+            *(e for e in (*wanted, "typecheck") if e in listed),
+        ],
         cwd=ROOT,
         check=True,
         capture_output=True,
@@ -85,7 +102,10 @@ def export(rev: str, cache: Path) -> Path:
     partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=cache))
     try:
         subprocess.run(["tar", "-x", "-C", str(partial)], input=archive.stdout, check=True)
-        build_compiled(partial / "shared")
+        if mypyc_sources(partial):
+            build_in_place(partial)
+        else:
+            build_compiled(partial / "shared")
         partial.rename(into)  # whole or not at all
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
@@ -103,6 +123,29 @@ def build_compiled(shared: Path) -> None:
         flags = f"{os.environ.get('CFLAGS', '')} -I{numpy.get_include()}".strip()
         env = {**os.environ, "CFLAGS": flags}
         subprocess.run(command, cwd=shared, check=True, capture_output=True, env=env)
+
+
+def mypyc_sources(root: Path) -> list[str]:
+    """The modules a revision's install compiles with mypyc (none before they existed)."""
+    pyproject = root / "pyproject.toml"
+    if not pyproject.is_file():
+        return []
+    with open(pyproject, "rb") as f:
+        sources: list[str] = tomllib.load(f).get("tool", {}).get("kvcompass", {}).get("mypyc", [])
+    return sources
+
+
+def build_in_place(root: Path) -> None:
+    """Build a revision's compiled modules, Cython and mypyc, in place with its own
+    setup.py, as its install would."""
+    done = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode:
+        sys.exit(f"building {root} failed:\n{done.stderr[-3000:]}")
 
 
 def child(kind: str, count: int, seed: int) -> None:

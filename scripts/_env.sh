@@ -52,19 +52,25 @@ if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
     "$VENV/bin/python" -m pip install --quiet -e "$ROOT[test]"
     touch "$STAMP" "$VENV/.kvcompass-native"  # the install compiled the Cython modules
 fi
-# The Cython modules (shared/**/*.pyx) are compiled in place by the install; an edited
-# .pyx, or one without its compiled module, is built again (a stale module would run
-# the old code: tests/unit/test_compiled_modules.py fails on one).
+# The Cython modules (shared/**/*.pyx) and the modules mypyc compiles (pyproject's
+# [tool.kvcompass] mypyc) are built in place by the install; an edited source, or one
+# without its compiled module, is built again (a stale module would run the old code:
+# tests/unit/test_compiled_modules.py fails on one).
 NATIVE_STAMP="$VENV/.kvcompass-native"
+mypyc_sources() {
+    "$PYTHON" -c 'import sys, tomllib
+for source in tomllib.load(open(sys.argv[1], "rb"))["tool"]["kvcompass"]["mypyc"]:
+    print(f"{sys.argv[2]}/{source}")' "$ROOT/pyproject.toml" "$ROOT"
+}
 stale_native() {
     [ ! -f "$NATIVE_STAMP" ] || [ "$ROOT/setup.py" -nt "$NATIVE_STAMP" ] && return 0
     local source
     while IFS= read -r source; do
         [ "$source" -nt "$NATIVE_STAMP" ] && return 0
         case "$source" in
-            *.pyx) compgen -G "${source%.pyx}.cpython-*.so" >/dev/null || return 0 ;;
+            *.pyx | *.py) compgen -G "${source%.*}.cpython-*.so" >/dev/null || return 0 ;;
         esac
-    done < <(find "$ROOT/shared" -name '*.pyx' -o -name '*.pxd')
+    done < <(find "$ROOT/shared" -name '*.pyx' -o -name '*.pxd'; mypyc_sources)
     return 1
 }
 if stale_native; then

@@ -21,7 +21,7 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from kvcompass.frozen_init import SlotBuilder, field_builder
+from kvcompass.frozen_init import field_builder
 from kvcompass.keys import Namespace
 from kvcompass.levels import plan_levels
 from kvcompass.loadgen.sim.config import SimConfig
@@ -55,22 +55,26 @@ _new_record = field_builder(SimRecord)
 
 
 class _Flight:
-    """A request between its arrival and its last token back at the edge (built by
-    ``_new_flight``; ``back_ms`` and ``first_at`` are set at its first token)."""
+    """A request between its arrival and its last token back at the edge (``back_ms``
+    and ``first_at`` are set at its first token)."""
 
     __slots__ = ("arrival", "back_ms", "decision", "first_at", "out_ms", "request", "tokens")
-    request: LiveRequest
-    tokens: array[int]
-    decision: Decision
-    arrival: float
-    out_ms: float
-    back_ms: float
-    first_at: float
 
-
-_new_flight = SlotBuilder(
-    _Flight, ("request", "tokens", "decision", "arrival", "out_ms", "back_ms", "first_at")
-)
+    def __init__(
+        self,
+        request: LiveRequest,
+        tokens: array[int],
+        decision: Decision,
+        arrival: float,
+        out_ms: float,
+    ) -> None:
+        self.request = request
+        self.tokens = tokens
+        self.decision = decision
+        self.arrival = arrival
+        self.out_ms = out_ms
+        self.back_ms = 0.0
+        self.first_at = math.nan
 
 
 class Simulation:
@@ -196,7 +200,7 @@ class Simulation:
         decision = policy.decide(_new_route_request(request.request_id, tokens, origin, namespace))
         policy.on_forward(decision, decision.expected_service_ms)
         out_ms = self._wan(origin, decision.region)
-        flight = _new_flight(request, tokens, decision, request.at_s, out_ms, 0.0, math.nan)
+        flight = _Flight(request, tokens, decision, request.at_s, out_ms)
         self._pending += 1
         now = self.clock.monotonic()
         reach_ms = decision.lookup_ms + out_ms + self.config.serving_overhead_ms

@@ -8,6 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvcompass.loadgen.sim import SimConfig, Simulation
+from kvcompass.worker import EmulatedEngine
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.append(str(ROOT / "bench"))  # appended: its module names must not shadow others
 bench_sim: Any = importlib.import_module("sim")
@@ -24,7 +27,7 @@ def test_the_timed_run_times_every_component_and_changes_nothing() -> None:
         "publisher_flush",
         "writer_stage",
         "writer_flush",
-        "edge_receive",
+        "edge_apply",
         "total",
     }
     assert set(timed["us_per_request"]) == components
@@ -39,3 +42,14 @@ def test_repeated_runs_report_the_median_run() -> None:
     rates = out["runs_requests_per_s"]
     assert len(rates) == 3
     assert out["sim_requests_per_s"] == sorted(rates)[1]
+
+
+def test_the_floor_writes_nothing_and_only_the_timed_run_has_timed_engines() -> None:
+    requests = bench_sim.workload("short", 200.0, 60, 0)
+    floor = bench_sim.run("round-robin", requests, 0, timed=False, floor=True)
+    assert floor["requests"] == 60
+    assert floor["index_keys_applied"] == floor["patch_batches"] == 0
+    assert bench_sim.run("round-robin", requests, 0, timed=False)["index_keys_applied"] > 0
+    bench_sim.run("kvcompass", requests, 0, timed=True)
+    sim = Simulation(SimConfig(bench_sim.TOPOLOGY))
+    assert {type(w.engine) for w in sim.pool.workers} == {EmulatedEngine}

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.append(str(ROOT / "bench"))  # appended: its module names must not shadow others
 sim_ab: Any = importlib.import_module("sim_ab")
@@ -88,3 +90,20 @@ def test_an_exported_revisions_cython_modules_are_compiled_in_place(tmp_path: Pa
     ).stdout.split()
     assert out[0] == "42"
     assert out[1].endswith(".so")
+
+
+def test_a_revision_with_mypyc_modules_is_built_by_its_own_setup(tmp_path: Path) -> None:
+    """Its install compiles them (Cython and mypyc): so does the export, with its setup.py;
+    an older revision names none, and its .pyx are compiled as before."""
+    (tmp_path / "pyproject.toml").write_text('[tool.kvcompass]\nmypyc = ["loadgen/x.py"]\n')
+    (tmp_path / "setup.py").write_text(
+        "import sys, pathlib\npathlib.Path('argv').write_text(' '.join(sys.argv[1:]))\n"
+    )
+    assert sim_ab.mypyc_sources(tmp_path) == ["loadgen/x.py"]
+    sim_ab.build_in_place(tmp_path)
+    assert (tmp_path / "argv").read_text() == "-q build_ext --inplace"
+    (tmp_path / "setup.py").write_text("raise SystemExit('no compiler')\n")
+    with pytest.raises(SystemExit, match="no compiler"):
+        sim_ab.build_in_place(tmp_path)
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "old"\n')
+    assert sim_ab.mypyc_sources(tmp_path) == []

@@ -9,6 +9,7 @@ and the periodic snapshot comparison every view ends equal to its writer.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from kvcompass.errors import InvariantBroken
 from kvcompass.loadgen.sim import SimConfig, Simulation
 from kvcompass.loadgen.sim.testing import shared_prefixes
+from kvcompass.pipeline.follower import SnapshotCheck
 from kvcompass.routing.testing import TOY
 from kvcompass.snapshot import SnapshotMeta
 
@@ -95,14 +97,19 @@ def test_without_loss_the_anti_entropy_round_finds_every_replica_current() -> No
     config = SimConfig(TOY, seed=4, update_delay_ms=20.0, resync=True, snapshot_every_s=0.5)
     sim = Simulation(config)
     (replica,) = sim.index.replicas
-    confirm = replica.confirm_current
     checked: list[SnapshotMeta] = []
+    # The replica's class is compiled (its methods cannot be replaced): its followers'
+    # comparisons are what a round asks of it.
+    for follower in replica.followers:
+        compare = follower.compare
 
-    def counted(meta: SnapshotMeta) -> None:
-        checked.append(meta)
-        confirm(meta)
+        def counted(
+            meta: SnapshotMeta, compare: Callable[..., SnapshotCheck] = compare
+        ) -> SnapshotCheck:
+            checked.append(meta)
+            return compare(meta)
 
-    replica.confirm_current = counted  # type: ignore[method-assign]
+        follower.compare = counted  # type: ignore[method-assign]
     assert sim.run(REQUESTS, settle_s=1.0).stats["index_divergent_tables"] == 0
     assert len({meta.created_ns for meta in checked}) >= 2  # rounds, each every shard
     current = sim.index.writers[0].snapshot_meta()
