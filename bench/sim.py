@@ -20,13 +20,13 @@ only the engines with their caches, the event loop and the queue vectors run; wh
 alone costs per request, against the budget, is what limits the rate. Per-request
 component times come from a second KVCompass run that wraps the policies', engines',
 publishers', writers' and edges' entry points (a few hundred ns each; its ``total``
-includes them; the simulator's own loop, pool and index plane are compiled, so an edge's
-``edge_apply`` is its followers' verdicts and views' patch copies, without its glue);
-the headline rate is from the unwrapped runs. Each unwrapped run is made ``--repeat``
-times on a fresh simulation (the machine is shared: one run can lose a tenth to a
-neighbour): its
-``sim_requests_per_s`` is the median run's, ``runs_requests_per_s`` lists them all.
-Prints one JSON object; ``--profile`` also prints cProfile's top functions to stderr.
+includes them), in a process of its own where the modules mypyc compiles run from their
+source (bench/sim_breakdown.py: a compiled object's methods cannot be replaced), so its
+``total`` is above the headline's; the headline rate is from the unwrapped runs. Each
+unwrapped run is made ``--repeat`` times on a fresh simulation (the machine is shared:
+one run can lose a tenth to a neighbour): its ``sim_requests_per_s`` is the median
+run's, ``runs_requests_per_s`` lists them all. Prints one JSON object; ``--profile``
+also prints cProfile's top functions to stderr.
 
 These runs are too short for any worker's cache to fill. ``--long N`` adds ``mixed_long``:
 N Mixed requests at 1.5 λ0 with KVCompass and the paper's edges (no resync), as a
@@ -47,19 +47,19 @@ import json
 import platform
 import pstats
 import statistics
+import subprocess
 import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from kvcompass.loadgen.reports.cells import no_reuse_capacity
 from kvcompass.loadgen.sim import SimConfig, Simulation
 from kvcompass.loadgen.sim import pool as pool_module
 from kvcompass.loadgen.workloads import LiveRequest, make_workload
-from kvcompass.publisher import EventPublisher
 from kvcompass.topology import load_builtin
-from kvcompass.wire import KVEventBatch
 from kvcompass.worker import EmulatedEngine
 
 TOPOLOGY = load_builtin("sim-8region")
@@ -102,9 +102,9 @@ class Timers:
 
 
 def timed_engine_class(timers: Timers) -> type[EmulatedEngine]:
-    """The engine, with its submit and advance timed. (The compiled engine's methods
-    cannot be replaced on an object, nor a compiled pool's engines swapped after it
-    resolved them: the bench builds its workers' engines from this subclass.)"""
+    """The engine, with its submit and advance timed (the compiled engine's methods
+    cannot be replaced on an object: the bench builds its workers' engines from this
+    subclass)."""
 
     class TimedEngine(EmulatedEngine):
         submit = timers.wrap("engine_submit", EmulatedEngine.submit)
@@ -116,7 +116,7 @@ def timed_engine_class(timers: Timers) -> type[EmulatedEngine]:
 @contextlib.contextmanager
 def instrumented(timers: Timers) -> Iterator[None]:
     """Simulations built inside build their workers' engines timed."""
-    names = vars(pool_module)  # the globals the pool looks its engine class up in, compiled
+    names = vars(pool_module)  # the globals the pool looks its engine class up in
     plain = names["EmulatedEngine"]
     names["EmulatedEngine"] = timed_engine_class(timers)
     try:
@@ -126,9 +126,8 @@ def instrumented(timers: Timers) -> Iterator[None]:
 
 
 def instrument(sim: Simulation, timers: Timers) -> None:
-    """Time the policies', publishers' and index's entry points. The simulator's own
-    classes are compiled (their methods cannot be replaced), so an edge is timed by
-    what it runs per batch: its followers' verdicts and its views' patch copies."""
+    """Time the policies', publishers', writers' and edges' entry points (their modules
+    interpreted: bench/sim_breakdown.py)."""
     for policy in sim.policies.values():
         policy.decide = timers.wrap("decide", policy.decide)  # type: ignore[method-assign]
     for worker in sim.pool.workers:
@@ -138,21 +137,25 @@ def instrument(sim: Simulation, timers: Timers) -> None:
         writer.stage = timers.wrap("writer_stage", writer.stage)  # type: ignore[method-assign]
         writer.flush = timers.wrap("writer_flush", writer.flush)  # type: ignore[method-assign]
     for edge in sim.index.replicas:
-        for follower in edge.followers:
-            follower.offer = timers.wrap("edge_apply", follower.offer)  # type: ignore[method-assign]
-        for view in edge._views.values():
-            view.apply = timers.wrap("edge_apply", view.apply)  # type: ignore[method-assign]
+        edge.receive = timers.wrap("edge_receive", edge.receive)  # type: ignore[method-assign]
 
 
 def drop_index_writes(sim: Simulation) -> None:
     """Every worker's buffered event batches are discarded where they would be sent."""
     for worker in sim.pool.workers:
-        worker.publisher.flush = functools.partial(_discarded, worker.publisher)  # type: ignore[method-assign]
+        worker.sends = False
 
 
-def _discarded(publisher: EventPublisher) -> list[KVEventBatch]:
-    publisher.discard()
-    return []
+def breakdown(kind: str, rate: float, count: int, seed: int, resync: bool) -> dict[str, Any]:
+    """A timed KVCompass run, from bench/sim_breakdown.py: :func:`run`'s keys, with
+    ``us_per_request`` and ``us_per_call``."""
+    script = Path(__file__).with_name("sim_breakdown.py")
+    args = [kind, str(rate), str(count), str(seed), str(resync)]
+    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"{script.name} {' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return result
 
 
 def run(
@@ -203,22 +206,27 @@ def run(
 
 
 def kvcompass_run(
-    requests: list[LiveRequest], seed: int, resync: bool = True, repeat: int = 1
+    kind: str,
+    rate: float,
+    requests: list[LiveRequest],
+    seed: int,
+    resync: bool = True,
+    repeat: int = 1,
 ) -> dict[str, Any]:
     """KVCompass's headline from runs without the timers (a few hundred ns per wrapped
-    call), its per-component times from one more, timed run."""
+    call) over ``requests`` (``workload(kind, rate, ...)``), its per-component times from
+    one more, timed run (:func:`breakdown`)."""
     out = run("kvcompass", requests, seed, timed=False, resync=resync, repeat=repeat)
-    timed = run("kvcompass", requests, seed, timed=True, resync=resync)
-    out["us_per_request"] = timed["us_per_request"]
-    out["us_per_call"] = timed["us_per_call"]
-    return out
+    timed = breakdown(kind, rate, len(requests), seed, resync)
+    return {**out, "us_per_request": timed["us_per_request"], "us_per_call": timed["us_per_call"]}
 
 
 def long_run(count: int, seed: int) -> dict[str, Any]:
     """``count`` Mixed requests at 1.5 λ0, KVCompass, no resync."""
     rate = 1.5 * no_reuse_capacity(TOPOLOGY.name)
     requests = workload("mixed", rate, count, seed)
-    return {"rate": round(rate, 1), "kvcompass": kvcompass_run(requests, seed, resync=False)}
+    kvc = kvcompass_run("mixed", rate, requests, seed, resync=False)
+    return {"rate": round(rate, 1), "kvcompass": kvc}
 
 
 def main() -> None:
@@ -259,7 +267,7 @@ def main() -> None:
         t0 = time.perf_counter()
         requests = workload(kind, args.rate, count, args.seed)
         generated = time.perf_counter() - t0
-        kvc = kvcompass_run(requests, args.seed, repeat=args.repeat)
+        kvc = kvcompass_run(kind, args.rate, requests, args.seed, repeat=args.repeat)
         baseline = run("round-robin", requests, args.seed, timed=False, repeat=args.repeat)
         floor = run("round-robin", requests, args.seed, timed=False, floor=True, repeat=args.repeat)
         report[kind] = {

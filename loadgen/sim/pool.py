@@ -69,6 +69,9 @@ class SimWorker:
         self.busy_ms = 0.0
         #: Time of the wake-up event scheduled for this worker (None: none).
         self.wake_at: float | None = None
+        #: False: the cache's changes are discarded where they would be sent, and the
+        #: index never learns them (the simulator's floor in bench/sim.py).
+        self.sends = True
 
     def _on_change(self, change: PrefixChange) -> None:
         self.publisher.publish(
@@ -84,6 +87,9 @@ class SimWorker:
         """Send what the cache changed since the last call to the index."""
         if self.changed:
             self.changed = False
+            if not self.sends:
+                self.publisher.discard()
+                return
             for batch in self.publisher.flush():
                 self._index.send(batch.shard, batch)
 

@@ -27,6 +27,8 @@ def _module_name(source: Path) -> str:
 
 
 def _mypyc_module_name(source: Path) -> str:
+    if source.is_relative_to(SHARED):
+        return _module_name(source)
     # pyproject's package-dir maps loadgen/ to kvcompass.loadgen
     return ".".join(("kvcompass", *source.relative_to(ROOT).with_suffix("").parts))
 

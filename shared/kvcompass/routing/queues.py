@@ -21,6 +21,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
+from mypy_extensions import mypyc_attr
+
 from kvcompass.pipeline.clock import Clock
 from kvcompass.routing.policy import Decision, Feedback, RegionQueues
 from kvcompass.routing.queue_estimates import QueueEstimates
@@ -42,6 +44,8 @@ __all__ = [
 Source = Literal["none", "live", "piggyback", "broadcast", "pending", "down"]
 
 
+# Compiled by mypyc (pyproject), with KVCompassPolicy; the baselines subclass it in Python.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class QueueFed:
     """A policy's feedback hooks, all of which land in its edge's queue estimates: the
     vector a response piggybacks, the broadcast, the work it forwards, a failed worker.
