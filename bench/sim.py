@@ -242,7 +242,11 @@ def main() -> None:
         metavar="K",
         help="runs of each unwrapped simulation; the median is reported (default 3)",
     )
-    p.add_argument("--profile", action="store_true", help="cProfile the short kvcompass run")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="cProfile the short kvcompass run (time in compiled code counts to its callers)",
+    )
     p.add_argument(
         "--long",
         type=int,

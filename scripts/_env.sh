@@ -50,7 +50,7 @@ STAMP="$VENV/.kvcompass-installed"
 if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
     "$VENV/bin/python" -m pip install --quiet -e "$ROOT[test]"
-    touch "$STAMP" "$VENV/.kvcompass-native"  # the install compiled the Cython modules
+    touch "$STAMP" "$VENV/.kvcompass-native"  # the install compiled the native modules
 fi
 # The Cython modules (shared/**/*.pyx) and the modules mypyc compiles (pyproject's
 # [tool.kvcompass] mypyc) are built in place by the install; an edited source, or one
