@@ -37,7 +37,6 @@ admitted block demotes (later also evicts) one, which is what long studies pay.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
 import functools
 import gc
@@ -51,13 +50,12 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from kvcompass.loadgen.reports.cells import no_reuse_capacity
 from kvcompass.loadgen.sim import SimConfig, Simulation
-from kvcompass.loadgen.sim import pool as pool_module
 from kvcompass.loadgen.workloads import LiveRequest, make_workload
 from kvcompass.topology import load_builtin
 from kvcompass.worker import EmulatedEngine
@@ -101,36 +99,27 @@ class Timers:
         return timed
 
 
-def timed_engine_class(timers: Timers) -> type[EmulatedEngine]:
-    """The engine, with its submit and advance timed (the compiled engine's methods
-    cannot be replaced on an object: the bench builds its workers' engines from this
-    subclass)."""
+class _TimedEngine:
+    """An engine whose submit and advance are timed; everything else is the engine's.
+    (The compiled engine's methods cannot be replaced on the object itself.)"""
 
-    class TimedEngine(EmulatedEngine):
-        submit = timers.wrap("engine_submit", EmulatedEngine.submit)
-        advance = timers.wrap("engine_advance", EmulatedEngine.advance)
+    def __init__(self, engine: EmulatedEngine, timers: Timers) -> None:
+        self._engine = engine
+        self.submit = timers.wrap("engine_submit", engine.submit)
+        self.advance = timers.wrap("engine_advance", engine.advance)
 
-    return TimedEngine
-
-
-@contextlib.contextmanager
-def instrumented(timers: Timers) -> Iterator[None]:
-    """Simulations built inside build their workers' engines timed."""
-    names = vars(pool_module)  # the globals the pool looks its engine class up in
-    plain = names["EmulatedEngine"]
-    names["EmulatedEngine"] = timed_engine_class(timers)
-    try:
-        yield
-    finally:
-        names["EmulatedEngine"] = plain
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
 
 
-def instrument(sim: Simulation, timers: Timers) -> None:
-    """Time the policies', publishers', writers' and edges' entry points (their modules
-    interpreted: bench/sim_breakdown.py)."""
+def instrument(sim: Simulation) -> Timers:
+    """Time the policies', engines', publishers', writers' and edges' entry points (the
+    modules mypyc compiles imported from source: bench/sim_breakdown.py)."""
+    timers = Timers()
     for policy in sim.policies.values():
         policy.decide = timers.wrap("decide", policy.decide)  # type: ignore[method-assign]
     for worker in sim.pool.workers:
+        worker.engine = _TimedEngine(worker.engine, timers)  # type: ignore[assignment]
         publisher = worker.publisher
         publisher.flush = timers.wrap("publisher_flush", publisher.flush)  # type: ignore[method-assign]
     for writer in sim.index.writers:
@@ -138,6 +127,7 @@ def instrument(sim: Simulation, timers: Timers) -> None:
         writer.flush = timers.wrap("writer_flush", writer.flush)  # type: ignore[method-assign]
     for edge in sim.index.replicas:
         edge.receive = timers.wrap("edge_receive", edge.receive)  # type: ignore[method-assign]
+    return timers
 
 
 def drop_index_writes(sim: Simulation) -> None:
@@ -170,11 +160,8 @@ def run(
     """``repeat`` runs, each on a fresh simulation; the median run's wall time."""
     walls = []
     for _ in range(repeat):
-        timers = Timers() if timed else None
-        with instrumented(timers) if timers is not None else contextlib.nullcontext():
-            sim = Simulation(SimConfig(TOPOLOGY, policy=policy, seed=seed, resync=resync))
-        if timers is not None:
-            instrument(sim, timers)
+        sim = Simulation(SimConfig(TOPOLOGY, policy=policy, seed=seed, resync=resync))
+        timers = instrument(sim) if timed else None
         if floor:
             drop_index_writes(sim)
         gc.collect()

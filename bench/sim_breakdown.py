@@ -17,7 +17,6 @@ import importlib.machinery
 import importlib.util
 import json
 import sys
-import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -51,10 +50,11 @@ def main() -> None:
     if len(sys.argv) != 6:
         sys.exit(__doc__.splitlines()[2])
     kind, rate, count, seed, resync = sys.argv[1:]
-    with open(ROOT / "pyproject.toml", "rb") as f:
-        listed = tomllib.load(f)["tool"]["kvcompass"]["mypyc"]
-    sys.meta_path.insert(0, FromSource({module_name(s): ROOT / s for s in listed}))
     sys.path.insert(0, str(ROOT / "bench"))
+    from sim_ab import mypyc_sources  # imports no kvcompass module
+
+    listed = mypyc_sources(ROOT)
+    sys.meta_path.insert(0, FromSource({module_name(s): ROOT / s for s in listed}))
     import sim  # bench/sim.py, over the interpreted modules
 
     requests = sim.workload(kind, float(rate), int(count), int(seed))

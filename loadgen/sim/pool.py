@@ -63,8 +63,8 @@ class SimWorker:
         self.engine = EmulatedEngine(cache, cost, clock, stream=False)
         self._index = index
         #: The cache changed since the last :meth:`publish` (most engine steps change
-        #: nothing: the loop asks before calling it).
-        self.changed = False
+        #: nothing).
+        self._changed = False
         #: Reload + prefill ms of requests whose prefill ended since the last sample.
         self.busy_ms = 0.0
         #: Time of the wake-up event scheduled for this worker (None: none).
@@ -81,12 +81,12 @@ class SimWorker:
             namespace=change.namespace,
             lengths=change.lengths,
         )
-        self.changed = True
+        self._changed = True
 
     def publish(self) -> None:
         """Send what the cache changed since the last call to the index."""
-        if self.changed:
-            self.changed = False
+        if self._changed:
+            self._changed = False
             if not self.sends:
                 self.publisher.discard()
                 return

@@ -245,8 +245,7 @@ class Simulation:
 
         Only first and last tokens matter here, so the worker wakes when one is due
         (or its cache changes); the plain decode steps between run in that advance."""
-        if worker.changed:
-            worker.publish()
+        worker.publish()
         due = worker.engine.next_notable_at()
         if due is not None and due != worker.wake_at:
             worker.wake_at = due

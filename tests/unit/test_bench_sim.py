@@ -8,9 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvcompass.loadgen.sim import SimConfig, Simulation
-from kvcompass.worker import EmulatedEngine
-
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.append(str(ROOT / "bench"))  # appended: its module names must not shadow others
 bench_sim: Any = importlib.import_module("sim")
@@ -51,12 +48,3 @@ def test_the_floor_writes_nothing() -> None:
     assert floor["requests"] == 60
     assert floor["index_keys_applied"] == floor["patch_batches"] == 0
     assert bench_sim.run("round-robin", requests, 0, timed=False)["index_keys_applied"] > 0
-
-
-def test_only_simulations_built_while_instrumented_have_timed_engines() -> None:
-    timers = bench_sim.Timers()
-    with bench_sim.instrumented(timers):
-        timed = Simulation(SimConfig(bench_sim.TOPOLOGY))
-    plain = Simulation(SimConfig(bench_sim.TOPOLOGY))
-    assert all(type(w.engine) is not EmulatedEngine for w in timed.pool.workers)
-    assert {type(w.engine) for w in plain.pool.workers} == {EmulatedEngine}

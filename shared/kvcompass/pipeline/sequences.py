@@ -80,8 +80,7 @@ class WorkerSequences:
             last = known.last
             if seq <= last:
                 return _DUPLICATE
-            if seq > last + self.max_seq_jump:
-                self._check_jump(worker_id, incarnation, last, seq)
+            self._check_jump(worker_id, incarnation, last, seq)
             return _APPLY
         retired_last = known.retired.get(incarnation)
         if retired_last is not None:

@@ -36,6 +36,8 @@ from kvcompass.frozen_init import field_builder
 from kvcompass.worker.cache import CacheMatch
 from kvcompass.worker.completion import MigrationMode, Request, Timings
 
+from cpython.pyport cimport PY_SSIZE_T_MAX
+
 from kvcompass.worker.cost cimport CostModel
 
 __all__ = [
@@ -303,30 +305,15 @@ cdef class EmulatedEngine:
         without changing anything: the end of the first step that ends a sequence, summed
         as :meth:`_end_step`, :meth:`_start_step` and :meth:`_plain_run` will sum it (the
         same float). A simulator skips one wake-up a request this way (the join alone)."""
-        cdef Sequence s
-        cdef Py_ssize_t least = 0, left, n = 0, _
-        cdef bint first = True
-        for s in self._batch:  # each emits its token at this step's end
-            if s.finished_at is not None or s.aborted:
-                continue
-            left = s._max_tokens - s.generated - 1
-            if left == 0:
-                return self._step_ends  # its last token: this step ends a sequence
-            if first or left < least:
-                least = left
-                first = False
-            n += 1
-        for s in self._joining:
-            left = s._max_tokens - s.generated
-            if first or left < least:
-                least = left
-                first = False
-            n += 1
-        cdef double step_s = self.cost.decode_step_ms(n) / 1e3
-        cdef double until = self._step_ends + step_s
-        for _ in range(least - 1):
-            until += step_s
-        return until
+        cdef Py_ssize_t in_batch = _fewest_left(self._batch)
+        if in_batch == 1:
+            return self._step_ends  # a last token at this step's end: it ends a sequence
+        # The batch emits a token each at this step's end, then the joined batch steps.
+        cdef Py_ssize_t least = min(in_batch - 1, _fewest_left(self._joining))
+        cdef double step_s = (
+            self.cost.decode_step_ms(len(self._batch) + len(self._joining)) / 1e3
+        )
+        return _after_steps(self._step_ends, step_s, least)
 
     def advance(self):
         """Apply every change due by now; returns the tokens emitted since the last call."""
@@ -384,23 +371,11 @@ cdef class EmulatedEngine:
         """Count the batch's plain steps and sum their ends (once per batch); returns the
         end of the step after them, the one that ends a sequence. The batch must be
         running with no sequence joining."""
-        cdef Sequence s
-        cdef Py_ssize_t least = 0, left, _
-        cdef bint first = True
-        cdef double step_s, until
+        cdef double step_s
         if not self._counted:
-            for s in self._batch:  # min() of the tokens each has left
-                left = s._max_tokens - s.generated
-                if first or left < least:
-                    least = left
-                    first = False
-            self._plain_steps = least - 1
+            self._plain_steps = _fewest_left(self._batch) - 1 if self._batch else -1
             step_s = self.cost.decode_step_ms(len(self._batch)) / 1e3
-            # One addition per step, left to right, as _start_step sums: the same floats.
-            until = self._step_ends
-            for _ in range(self._plain_steps):
-                until += step_s
-            self._plain_until = until
+            self._plain_until = _after_steps(self._step_ends, step_s, self._plain_steps)
             self._counted = True
         return self._plain_until
 
@@ -545,6 +520,26 @@ cdef class EmulatedEngine:
         if last:
             sequence.finished_at = t
         return 0
+
+
+cdef Py_ssize_t _fewest_left(list sequences):
+    """The fewest tokens any of ``sequences`` has left to emit (PY_SSIZE_T_MAX: none)."""
+    cdef Sequence s
+    cdef Py_ssize_t least = PY_SSIZE_T_MAX, left
+    for s in sequences:
+        left = s._max_tokens - s.generated
+        if left < least:
+            least = left
+    return least
+
+
+cdef inline double _after_steps(double t, double step_s, Py_ssize_t steps) noexcept:
+    """``t`` plus ``steps`` steps, one addition each, left to right, as the engine ends
+    them one by one (the same float)."""
+    cdef Py_ssize_t _
+    for _ in range(steps):
+        t += step_s
+    return t
 
 
 def queue_vector(tuple indices, tuple engines):
